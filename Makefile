@@ -1,0 +1,38 @@
+# The README's two commands: `make demo` and `make test`. Both set up .venv on a fresh machine.
+PYTHON ?= python3
+VENV   := .venv
+BIN    := $(VENV)/bin
+
+# torch and torchvision must come as a matched, pinned pair; an unmatched pair fails to import.
+ifeq ($(shell uname -m),aarch64)
+TORCH_PAIR := torch==2.9.1 torchvision==0.24.1
+else
+TORCH_PAIR := torch==2.14.1 torchvision==0.29.1
+endif
+
+.PHONY: setup demo test bench lint clean
+
+$(VENV)/.installed: pyproject.toml
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install -q --upgrade pip
+	$(BIN)/python -c "import torch, torchvision" 2>/dev/null || $(BIN)/python -m pip install $(TORCH_PAIR)
+	$(BIN)/python -m pip install -e ".[dev]"
+	touch $@
+
+setup: $(VENV)/.installed
+
+demo: setup
+	$(BIN)/scalelong train configs/demo.yaml --overwrite
+
+test: setup
+	$(BIN)/python -m pytest
+
+bench: setup
+	$(BIN)/python -m benchmarks
+
+lint: setup
+	$(BIN)/ruff check src tests benchmarks
+	$(BIN)/ruff format --check src tests benchmarks
+
+clean:
+	rm -rf $(VENV) runs

@@ -1,0 +1,1 @@
+"""Speed and training-efficiency benchmarks. Never run by the tests; see ``python -m benchmarks``."""

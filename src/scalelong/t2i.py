@@ -1,0 +1,283 @@
+"""Text-to-image in latent space: the MS-COCO recipe of U-ViT (SCALELONG.md §3).
+
+Images are encoded once by the Stable Diffusion KL-f8 autoencoder (latents times 0.23010) and
+captions by the CLIP ViT-L/14 text encoder (77 tokens x 768); both are stored in safetensors
+shards that training reads. The autoencoder and text encoder come from the Hugging Face hub on
+a connected machine or from local folders; offline without a local folder, loading fails with
+one line saying what to download.
+
+Shard layout of a feature folder::
+
+    meta.json                    counts, scale, resolution, encoder names
+    null_context.safetensors     {"context": (77, D)} the empty caption, for guidance and dropout
+    shard-00000.safetensors      {"latents": (n, 4, h, w), "context": (m, 77, D), "image_index": (m,)}
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Sequence
+from pathlib import Path
+
+import numpy as np
+import torch
+from torch.utils.data import Dataset
+
+from scalelong.errors import ScaleLongError
+
+DEFAULT_AUTOENCODER = "CompVis/stable-diffusion-v1-4"  # its "vae" subfolder is SD's KL-f8
+DEFAULT_TEXT_ENCODER = "openai/clip-vit-large-patch14"
+LATENT_SCALE = 0.23010  # U-ViT's scale of the SD KL-f8 latents (unit variance on COCO)
+CONTEXT_TOKENS = 77
+
+
+def _needs(package: str, extra: str = "t2i"):
+    try:
+        return __import__(package)
+    except ImportError as e:
+        raise ScaleLongError(f"text-to-image needs {package}: pip install 'scalelong[{extra}]'") from e
+
+
+def _load_pretrained(cls, name: str, what: str, subfolder: str | None = None):
+    """``cls.from_pretrained`` with a local folder or a hub id; offline failure is one clear line."""
+    local = Path(name).expanduser()
+    kwargs = {"subfolder": subfolder} if subfolder else {}
+    if local.exists():
+        if subfolder and not (local / subfolder).is_dir():
+            kwargs = {}  # a folder that already is the component itself
+        try:
+            return cls.from_pretrained(str(local), **kwargs)
+        except (OSError, ValueError) as e:
+            raise ScaleLongError(f"cannot load the {what} from {local}: {e}") from e
+    try:
+        return cls.from_pretrained(name, **kwargs)
+    except (OSError, ValueError) as e:
+        raise ScaleLongError(
+            f"cannot load the {what} {name!r}: not a local folder and the hub cannot be reached; on a "
+            f"connected machine run `huggingface-cli download {name}` (or save_pretrained it) and pass "
+            "the local folder instead"
+        ) from e
+
+
+def load_autoencoder(name: str = DEFAULT_AUTOENCODER):
+    """The KL-f8 autoencoder (diffusers ``AutoencoderKL``) from a hub id or a local folder."""
+    _needs("diffusers")
+    from diffusers import AutoencoderKL
+
+    return _load_pretrained(AutoencoderKL, name, "autoencoder", subfolder="vae").eval().requires_grad_(False)
+
+
+def load_text_encoder(name: str = DEFAULT_TEXT_ENCODER):
+    """(tokenizer, CLIPTextModel) from a hub id or a local folder (tokenizer files beside it)."""
+    _needs("transformers")
+    from transformers import CLIPTextModel, CLIPTokenizer
+
+    tokenizer = _load_pretrained(CLIPTokenizer, name, "CLIP tokenizer", subfolder="tokenizer")
+    model = _load_pretrained(CLIPTextModel, name, "CLIP text encoder", subfolder="text_encoder")
+    return tokenizer, model.eval().requires_grad_(False)
+
+
+@torch.no_grad()
+def encode_prompts(prompts: Sequence[str], tokenizer, text_encoder, device="cpu") -> torch.Tensor:
+    """Captions -> CLIP token embeddings (B, 77, D), as U-ViT feeds them."""
+    ids = tokenizer(
+        list(prompts), padding="max_length", max_length=CONTEXT_TOKENS, truncation=True, return_tensors="pt"
+    ).input_ids.to(device)
+    return text_encoder(ids).last_hidden_state.float()
+
+
+@torch.no_grad()
+def encode_images(images: torch.Tensor, autoencoder, scale: float = LATENT_SCALE) -> torch.Tensor:
+    """Images in [-1, 1] (B, 3, H, W) -> scaled posterior means (B, 4, H/8, W/8)."""
+    return autoencoder.encode(images).latent_dist.mean.float() * scale
+
+
+@torch.no_grad()
+def decode_latents(latents: torch.Tensor, autoencoder, scale: float = LATENT_SCALE) -> torch.Tensor:
+    """Scaled latents -> images in [-1, 1]."""
+    return autoencoder.decode(latents / scale).sample.float().clamp(-1, 1)
+
+
+def center_crop(image, resolution: int) -> np.ndarray:
+    """Resize the shorter side to ``resolution`` (bicubic) and take the centre square: (H, W, 3) uint8."""
+    from PIL import Image
+
+    scale = resolution / min(image.size)
+    image = image.resize(
+        (max(resolution, round(image.size[0] * scale)), max(resolution, round(image.size[1] * scale))),
+        Image.BICUBIC,
+    )
+    left, top = (image.size[0] - resolution) // 2, (image.size[1] - resolution) // 2
+    return np.asarray(image.crop((left, top, left + resolution, top + resolution)))
+
+
+def read_coco_captions(captions_json: Path) -> list[tuple[str, list[str]]]:
+    """(file_name, captions) per image of an MS-COCO captions file, in file order."""
+    if not captions_json.is_file():
+        raise ScaleLongError(
+            f"captions file not found: {captions_json}; expected an MS-COCO captions JSON "
+            "(e.g. annotations/captions_train2014.json)"
+        )
+    try:
+        data = json.loads(captions_json.read_text())
+        names = {img["id"]: img["file_name"] for img in data["images"]}
+        captions: dict[int, list[str]] = {i: [] for i in names}
+        for ann in data["annotations"]:
+            captions[ann["image_id"]].append(ann["caption"].strip())
+    except (json.JSONDecodeError, KeyError, TypeError) as e:
+        raise ScaleLongError(
+            f"{captions_json} is not an MS-COCO captions file (needs 'images' with id/file_name and "
+            f"'annotations' with image_id/caption): {e!r}"
+        ) from e
+    return [(names[i], caps) for i, caps in captions.items() if caps]
+
+
+def _load_rgb(path: Path):
+    from PIL import Image, UnidentifiedImageError
+
+    try:
+        with Image.open(path) as im:
+            return im.convert("RGB")
+    except FileNotFoundError as e:
+        raise ScaleLongError(f"image listed in the captions file is missing: {path}") from e
+    except (UnidentifiedImageError, OSError) as e:
+        raise ScaleLongError(f"corrupt image file: {path} ({e})") from e
+
+
+def _save_atomic(tensors: dict[str, torch.Tensor], path: Path) -> None:
+    from safetensors.torch import save_file
+
+    tmp = path.with_name(f".tmp-{path.name}")
+    save_file({k: v.contiguous() for k, v in tensors.items()}, tmp)
+    os.replace(tmp, path)
+
+
+def extract_features(
+    image_dir: Path,
+    captions_json: Path,
+    out_dir: Path,
+    autoencoder,
+    tokenizer,
+    text_encoder,
+    *,
+    resolution: int = 256,
+    scale: float = LATENT_SCALE,
+    shard_size: int = 1024,
+    batch_size: int = 16,
+    device: str | torch.device = "cpu",
+    progress: bool = True,
+) -> dict:
+    """Encode an MS-COCO-style folder into latent + caption shards; returns the meta record.
+
+    Resumable: shards already written are kept and skipped.
+    """
+    from tqdm import tqdm
+
+    image_dir, out_dir = Path(image_dir), Path(out_dir)
+    if not image_dir.is_dir():
+        raise ScaleLongError(f"image folder not found: {image_dir}")
+    items = read_coco_captions(Path(captions_json))
+    out_dir.mkdir(parents=True, exist_ok=True)
+    autoencoder.to(device)
+    text_encoder.to(device)
+    null = encode_prompts([""], tokenizer, text_encoder, device)[0].cpu()
+    _save_atomic({"context": null.half()}, out_dir / "null_context.safetensors")
+    num_shards = (len(items) + shard_size - 1) // shard_size
+    for s in tqdm(range(num_shards), disable=not progress, desc="shards"):
+        path = out_dir / f"shard-{s:05d}.safetensors"
+        if path.is_file():
+            continue
+        chunk = items[s * shard_size : (s + 1) * shard_size]
+        latents, contexts, image_index = [], [], []
+        for b in range(0, len(chunk), batch_size):
+            batch = chunk[b : b + batch_size]
+            pixels = np.stack([center_crop(_load_rgb(image_dir / name), resolution) for name, _ in batch])
+            x = torch.from_numpy(pixels).permute(0, 3, 1, 2).float().div(127.5).sub(1).to(device)
+            latents.append(encode_images(x, autoencoder, scale).cpu())
+            for j, (_, caps) in enumerate(batch):
+                contexts.append(encode_prompts(caps, tokenizer, text_encoder, device).cpu())
+                image_index += [b + j] * len(caps)
+        _save_atomic(
+            {
+                "latents": torch.cat(latents),
+                "context": torch.cat(contexts).half(),  # fp16 halves the largest part of the shards
+                "image_index": torch.tensor(image_index, dtype=torch.long),
+            },
+            path,
+        )
+    meta = {
+        "images": len(items),
+        "captions": sum(len(c) for _, c in items),
+        "shards": num_shards,
+        "resolution": resolution,
+        "latent_scale": scale,
+        "latent_shape": [4, resolution // 8, resolution // 8],
+        "context_dim": int(null.shape[-1]),
+    }
+    (out_dir / "meta.json").write_text(json.dumps(meta, indent=1))
+    return meta
+
+
+class LatentCaptions(Dataset):
+    """Feature shards as a dataset of (latent (4, h, w), caption context (77, D)), one item per caption."""
+
+    def __init__(self, path: str | Path):
+        from safetensors.torch import load_file
+
+        path = Path(path)
+        shards = sorted(path.glob("shard-*.safetensors"))
+        if not (path / "meta.json").is_file() or not shards:
+            raise ScaleLongError(
+                f"no feature shards in {path}; expected meta.json, null_context.safetensors and "
+                "shard-*.safetensors made by `scalelong extract-features`"
+            )
+        latents, contexts, index, offset = [], [], [], 0
+        for shard in shards:
+            try:
+                data = load_file(shard)
+            except Exception as e:  # safetensors raises several types for a damaged file
+                raise ScaleLongError(
+                    f"feature shard {shard} is corrupt ({e}); delete it and re-extract"
+                ) from e
+            latents.append(data["latents"])
+            contexts.append(data["context"])
+            index.append(data["image_index"] + offset)
+            offset += len(data["latents"])
+        self.latents, self.context = torch.cat(latents), torch.cat(contexts)
+        self.image_index = torch.cat(index)
+        self.null_context = load_file(path / "null_context.safetensors")["context"].float()
+
+    def __len__(self) -> int:
+        return len(self.context)
+
+    def __getitem__(self, i: int) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.latents[self.image_index[i]], self.context[i].float()
+
+
+def caption_dropout(
+    context: torch.Tensor, null_context: torch.Tensor, p: float, generator: torch.Generator | None = None
+) -> torch.Tensor:
+    """Replace each caption by the empty caption with probability ``p`` (trains the unconditional model)."""
+    drop = (torch.rand(len(context), generator=generator) < p).to(context.device)
+    return torch.where(drop[:, None, None], null_context.to(context), context)
+
+
+def guided_eps_fn(net, schedule, scale: float, cond: dict, uncond: dict):
+    """Classifier-free guidance (Ho & Salimans 2022): eps_u + scale (eps_c - eps_u).
+
+    Scale 1 is exactly the conditional prediction and scale 0 exactly the unconditional one;
+    otherwise both run as one doubled batch.
+    """
+    if scale == 1.0:
+        return lambda x, t: net(x, schedule.model_time(t), **cond).float()
+    if scale == 0.0:
+        return lambda x, t: net(x, schedule.model_time(t), **uncond).float()
+
+    def eps_fn(x: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
+        both = {k: torch.cat([cond[k], uncond[k]]) for k in cond}
+        eps = net(torch.cat([x, x]), schedule.model_time(torch.cat([t, t])), **both).float()
+        eps_c, eps_u = eps.chunk(2)
+        return eps_u + scale * (eps_c - eps_u)
+
+    return eps_fn

@@ -1,0 +1,622 @@
+"""The trainer: AdamW with warm-up, EMA, mixed precision, a non-finite policy, atomic checkpoints
+with exact resume, metrics, sample grids.
+
+Device placement and processes go through Hugging Face Accelerate: the same code runs on one
+CPU, one GPU, several GPUs or nodes (``scalelong train --num-processes N`` or ``accelerate
+launch -m scalelong.cli train ...``). ``train.batch_size`` is the global batch; each process
+takes its slice of it.
+
+Determinism: one seed drives model initialisation, data order (:class:`EpochBatches`) and the
+noise. Flips, times and noise are drawn for the whole global batch from one generator that
+every process advances alike, and each process takes its slice, so a run gives the same
+result on any number of processes (up to float reduction order) and, on the CPU, identical
+weights twice.
+
+Resume: re-running the same command continues a run directory from its newest intact
+checkpoint (``--resume`` insists on one). A different config in an existing run directory is an
+error; only :data:`scalelong.checkpoint.RESUME_FREE_KEYS` (run length, logging, sampling) may change.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import math
+import signal
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from torch import nn
+from torch.utils.data import DataLoader
+
+from scalelong.build import (
+    build_dataset,
+    build_model,
+    build_schedule,
+    check_data_fits_model,
+    conditioning,
+    count_parameters,
+    model_input_shape,
+)
+from scalelong.checkpoint import (
+    load_state,
+    load_training_state,
+    prepare_run_dir,
+    save_checkpoint,
+    step_dir_name,
+)
+from scalelong.config import Config, config_to_dict
+from scalelong.data import EpochBatches
+from scalelong.diffusion import add_noise
+from scalelong.errors import ScaleLongError
+from scalelong.tracking import Tracker
+
+# Extra per-step metrics: ``hook(step, trainer) -> dict``; a non-empty dict is merged into (or
+# becomes) the record of that step. Evaluators and diagnostics plug in here.
+MetricHook = Callable[[int, "Trainer"], dict]
+
+
+@dataclass
+class RunResult:
+    run_dir: Path
+    final_loss: float
+    checkpoint: Path
+    samples: Path | None
+
+
+# ----------------------------------------------------------------------------- small pieces
+
+
+def lr_factor(step: int, warmup_steps: int, total_steps: int, schedule: str, min_ratio: float) -> float:
+    """lr multiplier after ``step`` updates: linear warm-up, then constant (the recipe) or cosine
+    decay to ``min_ratio`` at ``total_steps``."""
+    if warmup_steps > 0 and step < warmup_steps:
+        return (step + 1) / warmup_steps
+    if schedule == "cosine":
+        progress = min(1.0, (step - warmup_steps) / max(1, total_steps - warmup_steps))
+        return min_ratio + (1 - min_ratio) * 0.5 * (1 + math.cos(math.pi * progress))
+    return 1.0
+
+
+@torch.no_grad()
+def ema_update(ema: nn.Module, model: nn.Module, decay: float) -> None:
+    ema_p = list(ema.parameters())
+    torch._foreach_lerp_(ema_p, [p.detach() for p in model.parameters()], 1.0 - decay)
+    for b_ema, b in zip(ema.buffers(), model.buffers(), strict=True):
+        b_ema.copy_(b)
+
+
+def grad_norm(params: list[torch.Tensor]) -> torch.Tensor:
+    """Global L2 norm of the gradients (inf or nan when any gradient is)."""
+    grads = [p.grad for p in params if p.grad is not None]
+    if not grads:
+        return torch.zeros(())
+    return torch.linalg.vector_norm(torch.stack(torch._foreach_norm(grads)))
+
+
+def save_grid(images: torch.Tensor, path: Path) -> torch.Tensor:
+    """Save images in [-1, 1] as a PNG grid; return the grid (3, H, W) in [0, 1]."""
+    from torchvision.utils import make_grid, save_image
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    grid = make_grid((images.float().cpu() + 1) / 2, nrow=int(len(images) ** 0.5) or 1)
+    save_image(grid, path)
+    return grid
+
+
+@torch.no_grad()
+def sample_images(model: nn.Module, cfg: Config, n: int, device: torch.device, seed: int) -> torch.Tensor:
+    """Draw ``n`` images with the config's sampler; labels cycle through the classes."""
+    from scalelong.sampling import generate
+
+    labels = torch.arange(n) % max(getattr(model, "num_classes", 0) or 0, 1)
+    seeds = [seed * 100_003 + i for i in range(n)]
+    schedule = build_schedule(cfg.diffusion)
+    shape = model_input_shape(cfg.model)
+    return generate(model, schedule, cfg.sample.sampler, cfg.sample.steps, seeds, shape, labels, device)
+
+
+@contextmanager
+def sigterm_as_interrupt() -> Iterator[None]:
+    """Treat SIGTERM like Ctrl-C, so both end a run the same clean way."""
+
+    def handler(signum, frame):
+        raise KeyboardInterrupt
+
+    try:
+        previous = signal.signal(signal.SIGTERM, handler)
+    except ValueError:  # not the main thread: leave signals alone
+        yield
+        return
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def _one_line(e: ScaleLongError) -> ScaleLongError:
+    # A DataLoader worker re-raises our error with its traceback folded into the message.
+    last = str(e).strip().splitlines()[-1]
+    return ScaleLongError(last.split("ScaleLongError: ", 1)[-1])
+
+
+# ----------------------------------------------------------------------------- the trainer
+
+
+class Trainer:
+    """One training run: model, EMA, optimizer, data, noise, counters; ``fit`` runs it.
+
+    Only the main process writes files. Everything that a resume must restore is in
+    :meth:`state_for_checkpoint` / :meth:`load_checkpoint`.
+    """
+
+    def __init__(self, cfg: Config, accelerator, run_dir: Path):
+        self.cfg, self.acc, self.run_dir = cfg, accelerator, run_dir
+        self.dataset = build_dataset(cfg.data)
+        check_data_fits_model(cfg, self.dataset)
+        torch.manual_seed(cfg.train.seed)
+        model = build_model(cfg.model)
+        self.ema = copy.deepcopy(model).requires_grad_(False).to(accelerator.device)
+        self.schedule = build_schedule(cfg.diffusion)
+        o = cfg.optim
+        optimizer = torch.optim.AdamW(
+            model.parameters(), lr=o.lr, betas=tuple(o.betas), eps=o.eps, weight_decay=o.weight_decay
+        )
+        self.model, self.optimizer = accelerator.prepare(model, optimizer)
+        self.params = [p for p in self.model.parameters() if p.requires_grad]
+        # One generator for the whole global batch, advanced alike on every process.
+        self.noise_gen = torch.Generator().manual_seed(cfg.train.seed)
+        self.step = 0
+        self.nonfinite_total, self.nonfinite_streak, self.overflow_total = 0, 0, 0
+        self.metric_hooks: list[MetricHook] = []
+
+    def lr_at(self, step: int) -> float:
+        """Learning rate of the update that follows ``step`` completed steps."""
+        o = self.cfg.optim
+        return o.lr * lr_factor(step, o.warmup_steps, self.cfg.train.steps, o.lr_schedule, o.min_lr_ratio)
+
+    @property
+    def lr(self) -> float:
+        return self.lr_at(self.step)
+
+    @property
+    def unwrapped(self) -> nn.Module:
+        return self.acc.unwrap_model(self.model)
+
+    # --- data and noise
+
+    def batches(self) -> Iterator:
+        """Endless local batches from the current step on (the order follows from the step alone)."""
+        sampler = EpochBatches(
+            len(self.dataset),
+            self.cfg.train.batch_size,
+            self.cfg.train.seed,
+            rank=self.acc.process_index,
+            world_size=self.acc.num_processes,
+            start_step=self.step,
+        )
+        workers = self.cfg.data.num_workers
+        loader = DataLoader(
+            self.dataset,
+            batch_sampler=sampler,
+            num_workers=workers,
+            pin_memory=self.acc.device.type == "cuda",
+            persistent_workers=workers > 0,
+            prefetch_factor=4 if workers > 0 else None,
+        )
+        return iter(loader)
+
+    def draws(self, local_shape: torch.Size) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Flip mask, times and noise for this process's slice of the global batch (CPU draws)."""
+        g, n = self.noise_gen, self.cfg.train.batch_size
+        flip = torch.rand(n, generator=g) < 0.5
+        t = self.schedule.sample_t(n, g)
+        noise = torch.randn((n, *local_shape[1:]), generator=g)
+        k = local_shape[0]
+        lo = self.acc.process_index * k
+        return flip[lo : lo + k], t[lo : lo + k], noise[lo : lo + k]
+
+    # --- one step
+
+    def train_step(
+        self, images: torch.Tensor, labels: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor, str]:
+        """One update; returns (global mean loss, grad norm, outcome) with outcome ``ok``,
+        ``nonfinite`` (loss or gradients not finite: skipped) or ``overflow`` (fp16 loss-scale
+        overflow: skipped by the scaler, which lowers the scale)."""
+        dev = self.acc.device
+        for group in self.optimizer.param_groups:
+            group["lr"] = self.lr
+        flip, t, noise = self.draws(images.shape)
+        x0 = images.to(dev, non_blocking=True)
+        if self.cfg.data.hflip:
+            x0 = torch.where(flip.to(dev)[:, None, None, None], x0.flip(-1), x0)
+        t, noise = t.to(dev), noise.to(dev)
+        cond = conditioning(self.unwrapped, labels.to(dev))
+        pred = self.model(add_noise(self.schedule, x0, t, noise), self.schedule.model_time(t), **cond)
+        # the loss of diffusion.training_loss, with t and noise drawn for the global batch above
+        loss = (pred.float() - noise.float()).square().mean()
+        if self.step + 1 in self.cfg.train.debug_nan_steps:
+            loss = loss * float("nan")
+        self.acc.backward(loss)
+        if self.acc.scaler is not None:
+            self.acc.unscale_gradients()  # the norm, the check and clipping need true gradients
+        gnorm = grad_norm(self.params)
+        loss_all = self.acc.reduce(loss.detach(), "mean") if self.acc.num_processes > 1 else loss.detach()
+        # One host sync per step: skipping a step must be decided before the update. gnorm
+        # comes from all-reduced gradients and loss_all is reduced, so every process agrees.
+        loss_ok, grads_ok = torch.stack([torch.isfinite(loss_all), torch.isfinite(gnorm)]).tolist()
+        clip = self.cfg.train.grad_clip
+        if loss_ok and grads_ok and clip > 0:
+            grads = [p.grad for p in self.params if p.grad is not None]
+            torch._foreach_mul_(grads, (clip / (gnorm + 1e-6)).clamp(max=1.0))
+        if (loss_ok and grads_ok) or self.acc.scaler is not None:
+            self.optimizer.step()  # fp16: the scaler skips non-finite gradients itself and lowers the scale
+        self.optimizer.zero_grad(set_to_none=True)
+        self.step += 1
+        if not loss_ok or (not grads_ok and self.acc.scaler is None):
+            self.nonfinite_total += 1
+            self.nonfinite_streak += 1
+            return loss_all, gnorm, "nonfinite"
+        if not grads_ok or self.optimizer.step_was_skipped:
+            self.overflow_total += 1
+            return loss_all, gnorm, "overflow"
+        self.nonfinite_streak = 0
+        ema_update(self.ema, self.unwrapped, self.cfg.train.ema_decay)
+        return loss_all, gnorm, "ok"
+
+    # --- checkpoints
+
+    def rng_state(self) -> dict:
+        state = {"torch": torch.get_rng_state()}
+        if torch.cuda.is_available():
+            state["cuda"] = torch.cuda.get_rng_state()
+        return state
+
+    def state_for_checkpoint(self, rng_states: list[dict]) -> dict:
+        """Everything but the weights and the optimizer (trainer.pt)."""
+        scaler = self.acc.scaler
+        return {
+            "step": self.step,
+            "lr_schedule": {"kind": self.cfg.optim.lr_schedule, "lr": self.lr},  # a function of the step
+            "scaler": scaler.state_dict() if scaler is not None else None,
+            "noise_gen": self.noise_gen.get_state(),
+            "rng": rng_states,  # one entry per process
+            "data": {
+                "position": self.step,
+                "seed": self.cfg.train.seed,
+                "global_batch": self.cfg.train.batch_size,
+            },
+            "counters": {
+                "nonfinite_total": self.nonfinite_total,
+                "nonfinite_streak": self.nonfinite_streak,
+                "overflow_total": self.overflow_total,
+            },
+            "num_processes": self.acc.num_processes,
+        }
+
+    def save(self) -> Path:
+        """Checkpoint the current step (all processes call it; the main process writes)."""
+        from accelerate.utils import gather_object
+
+        rng_states = gather_object([self.rng_state()]) if self.acc.num_processes > 1 else [self.rng_state()]
+        path = self.run_dir / "checkpoints" / step_dir_name(self.step)
+        if self.acc.is_main_process:
+            save_checkpoint(
+                self.run_dir / "checkpoints",
+                self.step,
+                self.unwrapped,
+                self.ema,
+                config_to_dict(self.cfg),
+                optimizer=self.optimizer.state_dict(),
+                trainer=self.state_for_checkpoint(rng_states),
+                keep=self.cfg.train.keep_checkpoints,
+            )
+        self.acc.wait_for_everyone()
+        return path
+
+    def load_checkpoint(self, path: Path) -> dict:
+        """Restore weights, EMA, optimizer, schedule, scaler, counters; return the trainer state
+        (its RNG states are set by :meth:`restore_rng` once the data iterator exists)."""
+        state = load_training_state(path)
+        load_state(self.unwrapped, state["model"], str(path / "model.safetensors"))
+        load_state(self.ema, state["ema"], str(path / "ema.safetensors"))
+        self.optimizer.load_state_dict(state["optimizer"])
+        tr = state["trainer"]
+        if self.acc.scaler is not None and tr["scaler"] is not None:
+            self.acc.scaler.load_state_dict(tr["scaler"])
+        if (
+            tr["data"]["global_batch"] != self.cfg.train.batch_size
+            or tr["data"]["seed"] != self.cfg.train.seed
+        ):
+            raise ScaleLongError(f"checkpoint {path} was written with another batch size or seed")
+        self.noise_gen.set_state(tr["noise_gen"])
+        self.step = tr["step"]
+        c = tr["counters"]
+        self.nonfinite_total, self.nonfinite_streak = c["nonfinite_total"], c["nonfinite_streak"]
+        self.overflow_total = c["overflow_total"]
+        return tr
+
+    def restore_rng(self, trainer_state: dict) -> None:
+        rng = trainer_state["rng"]
+        if len(rng) != self.acc.num_processes:
+            if self.acc.is_main_process:
+                print(
+                    f"warning: checkpoint from {len(rng)} processes, resuming on {self.acc.num_processes}: "
+                    "weights, data order and noise continue exactly, per-process RNG streams restart"
+                )
+            return
+        mine = rng[self.acc.process_index]
+        torch.set_rng_state(mine["torch"])
+        if "cuda" in mine and torch.cuda.is_available():
+            torch.cuda.set_rng_state(mine["cuda"])
+
+    # --- the loop
+
+    def sample_grid(self, tracker: Tracker | None) -> Path | None:
+        """EMA sample grid at the current step (main process)."""
+        s = self.cfg.sample
+        if s.num_images <= 0 or not self.acc.is_main_process:
+            return None
+        self.ema.eval()
+        images = sample_images(self.ema, self.cfg, s.num_images, self.acc.device, self.cfg.train.seed)
+        path = self.run_dir / "samples" / f"{step_dir_name(self.step)}.png"
+        grid = save_grid(images, path)
+        if tracker is not None:
+            tracker.images("samples", grid, self.step)
+        return path
+
+    def fit(self, tracker: Tracker | None, start_state: dict | None, progress: bool = True) -> RunResult:
+        """Train from ``self.step`` to ``train.steps``; checkpoint, log and sample on the way."""
+        from tqdm import tqdm
+
+        t = self.cfg.train
+        batches = self.batches()
+        if start_state is not None:
+            self.restore_rng(start_state)
+        bar = tqdm(
+            total=t.steps, initial=self.step, disable=not (progress and self.acc.is_main_process), unit="step"
+        )
+        window = self._new_window()
+        t_last, steps_since, last_loss, samples = time.perf_counter(), 0, float("nan"), None
+        checkpoint = self.run_dir / "checkpoints" / step_dir_name(self.step)
+        try:
+            while self.step < t.steps:
+                try:
+                    images, labels = next(batches)
+                except ScaleLongError as e:
+                    raise _one_line(e) from None
+                loss, gnorm, outcome = self.train_step(images, labels)
+                window[outcome] += 1
+                if outcome == "ok":
+                    window["loss"] += loss
+                steps_since += 1
+                step = self.step
+                img_s = steps_since * t.batch_size / (time.perf_counter() - t_last)
+                if self.nonfinite_streak >= t.max_nonfinite_steps:
+                    self._log(tracker, step, window, gnorm, img_s, {})
+                    raise self._stopped(step)
+                extra: dict = {}
+                for hook in self.metric_hooks:
+                    extra.update(hook(step, self))
+                if step % t.log_every == 0 or step == t.steps:
+                    record = self._log(tracker, step, window, gnorm, img_s, extra)
+                    if record.get("loss") is not None:
+                        last_loss = record["loss"]
+                        bar.set_postfix(loss=f"{last_loss:.4f}", img_s=f"{record['img_per_s']:.0f}")
+                    window, t_last, steps_since = self._new_window(), time.perf_counter(), 0
+                elif extra and tracker is not None:  # e.g. an evaluation between log steps
+                    tracker.log({"step": step, **extra})
+                if (t.checkpoint_every and step % t.checkpoint_every == 0) or step == t.steps:
+                    checkpoint = self.save()
+                if (self.cfg.sample.every and step % self.cfg.sample.every == 0) or step == t.steps:
+                    samples = self.sample_grid(tracker) or samples
+                bar.update(1)
+                if step == t.debug_hang_at_step:
+                    while True:  # tests kill the process here, after the step's checkpoint
+                        time.sleep(0.5)
+        finally:
+            bar.close()
+        if self.acc.num_processes > 1:
+            self.check_processes_agree()
+        return RunResult(self.run_dir, last_loss, checkpoint, samples)
+
+    def check_processes_agree(self) -> None:
+        """All processes must end with bitwise identical weights (one collective, at the end)."""
+        import hashlib
+
+        from accelerate.utils import gather_object
+
+        digest = hashlib.sha256()
+        for p in self.unwrapped.state_dict().values():
+            digest.update(p.detach().cpu().reshape(-1).view(torch.uint8).numpy().tobytes())
+        digests = gather_object([digest.hexdigest()])
+        if len(set(digests)) != 1:
+            raise ScaleLongError(
+                f"the {len(digests)} processes ended with different weights; please report this"
+            )
+        if self.acc.is_main_process:
+            print(f"{len(digests)} processes hold identical weights (sha256 {digests[0][:12]})")
+
+    def _new_window(self) -> dict:
+        """Running sums between two log steps; the loss stays on the device (no sync per step)."""
+        return {"loss": torch.zeros((), device=self.acc.device), "ok": 0, "nonfinite": 0, "overflow": 0}
+
+    def _stopped(self, step: int) -> ScaleLongError:
+        return ScaleLongError(
+            f"training stopped at step {step}: {self.nonfinite_streak} steps in a row had a non-finite loss "
+            f"or gradient (train.max_nonfinite_steps={self.cfg.train.max_nonfinite_steps}); lower optim.lr, "
+            f"set train.grad_clip or use train.mixed_precision=no; {self.run_dir} keeps the last good "
+            "checkpoint"
+        )
+
+    def _log(
+        self, tracker: Tracker | None, step: int, window: dict, gnorm: torch.Tensor, img_s: float, extra: dict
+    ):
+        """Reduce the window's numbers into one record (one sync) and write it (main process)."""
+        n_ok = window["ok"]
+        record = {
+            "step": step,
+            "loss": (window["loss"].item() / n_ok) if n_ok else None,
+            "lr": self.lr_at(step - 1),
+            "grad_norm": float(gnorm),
+            "img_per_s": img_s,
+            "nonfinite_steps": window["nonfinite"],
+            "nonfinite_total": self.nonfinite_total,
+        }
+        if self.acc.scaler is not None:
+            record["overflow_steps"] = window["overflow"]
+            record["loss_scale"] = float(self.acc.scaler.get_scale())
+        record.update(extra)
+        if tracker is not None:
+            tracker.log({k: v for k, v in record.items() if v is not None})
+        return record
+
+
+# ----------------------------------------------------------------------------- entry point
+
+
+def make_accelerator(cfg: Config):
+    from accelerate import Accelerator
+
+    t = cfg.train
+    cuda = torch.cuda.is_available()
+    if t.device == "cuda" and not cuda:
+        raise ScaleLongError("train.device=cuda but no CUDA device is available; use train.device=auto")
+    cpu = t.device == "cpu" or not cuda
+    if cpu and t.mixed_precision == "fp16":
+        raise ScaleLongError("train.mixed_precision=fp16 needs a GPU; on the CPU use bf16 or no")
+    return Accelerator(cpu=cpu, mixed_precision=t.mixed_precision)
+
+
+def _on_main(accelerator, fn: Callable[[], object]) -> object:
+    """Run ``fn`` on the main process and hand its result (or its ScaleLongError) to all."""
+    from accelerate.utils import broadcast_object_list
+
+    box: list = [None, None]
+    if accelerator.is_main_process:
+        try:
+            box = [fn(), None]
+        except ScaleLongError as e:
+            box = [None, str(e)]
+    if accelerator.num_processes > 1:
+        broadcast_object_list(box)
+    if box[1] is not None:
+        raise ScaleLongError(box[1])
+    return box[0]
+
+
+def train(
+    cfg: Config,
+    overwrite: bool = False,
+    progress: bool = True,
+    resume: bool | None = None,
+    metric_hooks: list[MetricHook] | None = None,
+) -> RunResult:
+    """Train a model as the config says and return where its outputs are.
+
+    ``resume``: None continues an existing run directory of the same config automatically,
+    True requires a checkpoint to continue from. ``overwrite`` starts over. ``metric_hooks``
+    add per-step metrics to the log (see :data:`MetricHook`).
+    """
+    from accelerate.state import AcceleratorState
+
+    accelerator = make_accelerator(cfg)
+    try:
+        trainer = Trainer(cfg, accelerator, cfg.run_dir)
+        trainer.metric_hooks += metric_hooks or []
+        checkpoint = _on_main(accelerator, lambda: prepare_run_dir(cfg, overwrite, resume))
+        start_state = None
+        if checkpoint is not None:
+            start_state = trainer.load_checkpoint(Path(checkpoint))
+            if accelerator.is_main_process:
+                print(f"resuming {cfg.run_dir} from {Path(checkpoint).name}")
+        run_dir = cfg.run_dir
+        if trainer.step >= cfg.train.steps:
+            if accelerator.is_main_process:
+                print(f"{run_dir} is complete at step {trainer.step} (train.steps={cfg.train.steps})")
+            return RunResult(run_dir, float("nan"), Path(checkpoint), None)
+        tracker = None
+        if accelerator.is_main_process:
+            tracker = Tracker(
+                run_dir,
+                config_to_dict(cfg),
+                trainer.step,
+                tensorboard=cfg.train.tensorboard,
+                wandb=cfg.train.wandb,
+            )
+            print(
+                f"scalelong: {count_parameters(trainer.unwrapped):,} parameters, skips: "
+                f"{cfg.model.skip.method}, {accelerator.num_processes} process(es) on "
+                f"{accelerator.device.type}, run: {run_dir}"
+            )
+        try:
+            with sigterm_as_interrupt():
+                result = trainer.fit(tracker, start_state, progress)
+        except KeyboardInterrupt:
+            raise ScaleLongError(
+                f"interrupted at step {trainer.step}; {run_dir} holds the last complete checkpoint, "
+                "re-run the same command to resume"
+            ) from None
+        finally:
+            if tracker is not None:
+                tracker.close()
+        if accelerator.is_main_process:
+            (run_dir / "summary.json").write_text(
+                json.dumps(
+                    {
+                        "final_loss": result.final_loss,
+                        "steps": trainer.step,
+                        "nonfinite_steps": trainer.nonfinite_total,
+                    },
+                    indent=1,
+                )
+            )
+        accelerator.wait_for_everyone()
+        return result
+    finally:
+        # The Accelerate state is a process-wide singleton; a later run in this process may
+        # want another precision.
+        AcceleratorState._reset_state()
+
+
+def launch_processes(n: int, cli_args: list[str]) -> int:
+    """Run ``python -m scalelong.cli <cli_args>`` as ``n`` processes of one machine (what
+    ``torchrun --nproc-per-node n`` does); Accelerate picks them up from the environment.
+
+    Multi-node runs use ``accelerate launch`` directly. When one process fails, the others are
+    stopped; the exit code is the first failure's.
+    """
+    import os
+    import socket
+    import subprocess
+    import sys
+
+    with socket.socket() as s:  # a free port for the process group's rendezvous
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    procs = []
+    for rank in range(n):
+        env = dict(os.environ, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), WORLD_SIZE=str(n))
+        env.update(RANK=str(rank), LOCAL_RANK=str(rank), LOCAL_WORLD_SIZE=str(n))
+        procs.append(subprocess.Popen([sys.executable, "-m", "scalelong.cli", *cli_args], env=env))
+    code = 0
+    try:
+        while any(p.poll() is None for p in procs):
+            failed = [p.returncode for p in procs if p.returncode not in (None, 0)]
+            if failed:
+                code = failed[0]
+                for p in procs:
+                    if p.poll() is None:
+                        p.terminate()
+            time.sleep(0.2)
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+            p.wait()
+    return code or max(p.returncode for p in procs)

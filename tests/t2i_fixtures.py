@@ -1,0 +1,73 @@
+"""Tiny, randomly initialised text encoder and autoencoder, and a fake MS-COCO folder (no download)."""
+
+import json
+from pathlib import Path
+
+import numpy as np
+import torch
+from PIL import Image
+
+CHARS = [chr(c) for c in range(97, 123)] + list("0123456789 .,!?'")
+
+
+def tiny_tokenizer(tmp: Path):
+    from transformers import CLIPTokenizer
+
+    vocab = {}
+    for c in CHARS:
+        vocab.setdefault(c, len(vocab))
+        vocab.setdefault(c + "</w>", len(vocab))
+    vocab["<|startoftext|>"] = len(vocab)
+    vocab["<|endoftext|>"] = len(vocab)
+    (tmp / "vocab.json").write_text(json.dumps(vocab))
+    (tmp / "merges.txt").write_text("#version: 0.2\n")
+    return CLIPTokenizer(str(tmp / "vocab.json"), str(tmp / "merges.txt")), vocab
+
+
+def tiny_text_encoder(tmp: Path, width: int = 32):
+    from transformers import CLIPTextConfig, CLIPTextModel
+
+    torch.manual_seed(0)
+    tokenizer, vocab = tiny_tokenizer(tmp)
+    cfg = CLIPTextConfig(
+        vocab_size=len(vocab),
+        hidden_size=width,
+        intermediate_size=2 * width,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        max_position_embeddings=77,
+        bos_token_id=vocab["<|startoftext|>"],
+        eos_token_id=vocab["<|endoftext|>"],
+        pad_token_id=vocab["<|endoftext|>"],
+    )
+    return tokenizer, CLIPTextModel(cfg).eval()
+
+
+def tiny_autoencoder():
+    from diffusers import AutoencoderKL
+
+    torch.manual_seed(0)
+    return AutoencoderKL(
+        down_block_types=("DownEncoderBlock2D",) * 4,
+        up_block_types=("UpDecoderBlock2D",) * 4,
+        block_out_channels=(4, 4, 4, 4),
+        latent_channels=4,
+        norm_num_groups=2,
+        layers_per_block=1,
+    ).eval()
+
+
+def fake_coco(root: Path, n: int = 4, size: tuple[int, int] = (40, 30)) -> tuple[Path, Path]:
+    images = root / "train2014"
+    images.mkdir(parents=True)
+    rng = np.random.default_rng(0)
+    data = {"images": [], "annotations": []}
+    for i in range(n):
+        name = f"COCO_{i:03d}.jpg"
+        Image.fromarray(rng.integers(0, 255, (size[1], size[0], 3), dtype=np.uint8)).save(images / name)
+        data["images"].append({"id": 100 + i, "file_name": name})
+        for j in range(2):
+            data["annotations"].append({"image_id": 100 + i, "caption": f"a photo number {i} take {j}"})
+    captions = root / "captions.json"
+    captions.write_text(json.dumps(data))
+    return images, captions

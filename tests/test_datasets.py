@@ -1,0 +1,167 @@
+"""Dataset layouts, built as tiny fakes on the fly: each loads with the right pixels and labels;
+a wrong path and a damaged file each give a one-line error naming what was expected."""
+
+import pickle
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+
+from conftest import tiny_uvit_overrides
+from scalelong.cli import main
+from scalelong.data import UInt8Images, describe, load_dataset
+from scalelong.errors import ScaleLongError
+
+
+def write_cifar(folder, per_batch: int = 4) -> np.ndarray:
+    """Fake python batches; returns the rows of data_batch_1."""
+    folder.mkdir(parents=True)
+    rng = np.random.default_rng(0)
+    first = None
+    for name in [f"data_batch_{i}" for i in range(1, 6)] + ["test_batch"]:
+        data = rng.integers(0, 256, (per_batch, 3072), dtype=np.uint8)
+        batch = {b"data": data, b"labels": [i % 10 for i in range(per_batch)], b"batch_label": name.encode()}
+        (folder / name).write_bytes(pickle.dumps(batch))
+        first = data if first is None else first
+    return first
+
+
+def one_line_error(fn, *words):
+    with pytest.raises(ScaleLongError) as info:
+        fn()
+    message = str(info.value)
+    assert "\n" not in message, message
+    for word in words:
+        assert word in message, message
+    return message
+
+
+def test_cifar10_both_layouts_pixels_and_labels(tmp_path):
+    rows = write_cifar(tmp_path / "cifar-10-batches-py")
+    for path in (tmp_path, tmp_path / "cifar-10-batches-py"):
+        ds = load_dataset("cifar10", str(path))
+        assert len(ds) == 20 and isinstance(ds, UInt8Images)
+        image, label = ds[1]
+        assert image.shape == (3, 32, 32) and image.dtype == torch.float32 and label == 1
+        # row layout: 1024 red, 1024 green, 1024 blue, each row-major
+        assert image[1, 2, 3] == pytest.approx(rows[1, 1024 + 2 * 32 + 3] / 127.5 - 1)
+    assert len(load_dataset("cifar10", str(tmp_path), "test")) == 4
+    assert "CIFAR-10 train" in describe(load_dataset("cifar10", str(tmp_path)))
+
+
+def test_celeba64_crops_the_uvit_box(tmp_path):
+    folder = tmp_path / "img_align_celeba"
+    folder.mkdir()
+    for i in range(4):
+        img = Image.new("RGB", (178, 218), (255, 0, 0))  # outside the box: red
+        img.paste((0, 0, 255), (25, 57, 153, 185))  # the 128x128 box around (89, 121): blue
+        img.save(folder / f"{i + 1:06d}.png")
+    (tmp_path / "list_eval_partition.txt").write_text(
+        "000001.png 0\n000002.png 0\n000003.png 0\n000004.png 1\n"
+    )
+    ds = load_dataset("celeba64", str(tmp_path))
+    assert len(ds) == 3 and len(load_dataset("celeba64", str(folder), "valid")) == 1
+    image, _ = ds[0]
+    assert image.shape == (3, 64, 64)
+    assert torch.allclose(image[2], torch.ones(64, 64)) and torch.allclose(image[0], -torch.ones(64, 64))
+    assert len(load_dataset("celeba64", str(folder), "all")) == 4
+    Image.new("RGB", (100, 100)).save(folder / "000001.png")  # not an aligned image
+    one_line_error(lambda: ds[0], "000001.png", "178x218")
+    (tmp_path / "list_eval_partition.txt").unlink()
+    one_line_error(
+        lambda: load_dataset("celeba64", str(tmp_path)), "list_eval_partition.txt", "data.split=all"
+    )
+
+
+def test_imagenet64_npz_batches_memory_mapped_or_compressed(tmp_path):
+    rng = np.random.default_rng(1)
+    data1 = rng.integers(0, 256, (5, 12288), dtype=np.uint8)
+    data2 = rng.integers(0, 256, (3, 12288), dtype=np.uint8)
+    np.savez(tmp_path / "train_data_batch_1.npz", data=data1, labels=np.array([1, 2, 3, 1000, 5]))
+    np.savez_compressed(tmp_path / "train_data_batch_2.npz", data=data2, labels=np.array([7, 8, 9]))
+    ds = load_dataset("imagenet64", str(tmp_path))
+    assert len(ds) == 8 and isinstance(ds.arrays[0], np.memmap) and not isinstance(ds.arrays[1], np.memmap)
+    assert ds.labels.tolist() == [0, 1, 2, 999, 4, 6, 7, 8]  # files count classes from 1
+    image, label = ds[6]
+    assert image.shape == (3, 64, 64) and label == 7
+    assert image[2, 5, 7] == pytest.approx(data2[1, 2 * 4096 + 5 * 64 + 7] / 127.5 - 1)
+    np.savez(tmp_path / "val_data.npz", data=data2, labels=np.array([0, 1, 2]))  # labels out of 1..1000
+    one_line_error(lambda: load_dataset("imagenet64", str(tmp_path), "val"), "val_data.npz", "1..1000")
+
+
+def test_imagenet64_class_folders_and_plain_folder(tmp_path):
+    for c, color in (("n001", (255, 0, 0)), ("n002", (0, 255, 0))):
+        (tmp_path / "train" / c).mkdir(parents=True)
+        for i in range(2):
+            Image.new("RGB", (100, 80), color).save(tmp_path / "train" / c / f"{i}.png")
+    ds = load_dataset("imagenet64", str(tmp_path))
+    assert len(ds) == 4 and ds.labels.tolist() == [0, 0, 1, 1]
+    image, label = ds[2]
+    assert image.shape == (3, 64, 64) and label == 1 and image[1].mean() == pytest.approx(1.0)
+    folder = load_dataset("folder", str(tmp_path))  # any folder: recursive, native size, label 0
+    assert len(folder) == 4 and folder[0][0].shape == (3, 80, 100) and int(folder[3][1]) == 0
+    assert load_dataset("folder", str(tmp_path), resolution=16)[0][0].shape == (3, 16, 16)
+    Image.new("RGB", (50, 50)).save(tmp_path / "train" / "n002" / "small.png")
+    one_line_error(lambda: load_dataset("folder", str(tmp_path))[4], "small.png", "data.resolution")
+
+
+def test_embedded_mnist_default():
+    ds = load_dataset("mnist")
+    assert len(ds) == 4000 and ds[0][0].shape == (1, 32, 32)
+    assert "MNIST" in describe(ds)
+
+
+@pytest.mark.parametrize(
+    "name, words",
+    [
+        ("cifar10", ["data_batch_1..5", "cifar-10-batches-py"]),
+        ("celeba64", ["img_align_celeba", "178x218"]),
+        ("imagenet64", ["train_data_batch_1..10", "subfolder per class"]),
+        ("folder", ["folder of images"]),
+    ],
+)
+def test_wrong_path_names_the_expected_layout(tmp_path, name, words):
+    one_line_error(lambda: load_dataset(name, str(tmp_path / "nowhere")), str(tmp_path / "nowhere"), *words)
+    one_line_error(lambda: load_dataset(name, str(tmp_path)), *words)  # exists, but empty
+
+
+def test_corrupt_files_are_named(tmp_path):
+    write_cifar(tmp_path / "cifar")
+    (tmp_path / "cifar" / "data_batch_3").write_bytes(b"\x80\x04 not a pickle")
+    one_line_error(lambda: load_dataset("cifar10", str(tmp_path / "cifar")), "data_batch_3", "corrupt")
+    (tmp_path / "npz").mkdir()
+    (tmp_path / "npz" / "train_data_batch_1.npz").write_bytes(b"PK\x03\x04 truncated")
+    one_line_error(lambda: load_dataset("imagenet64", str(tmp_path / "npz")), "train_data_batch_1.npz")
+
+
+def test_corrupt_image_in_a_loader_worker_is_one_line_exit_2(tmp_path, capsys):
+    images = tmp_path / "images"
+    images.mkdir()
+    for i in range(3):
+        Image.new("RGB", (16, 16), (i * 80, 0, 0)).save(images / f"{i}.png")
+    (images / "3.png").write_bytes(b"\x89PNG\r\n\x1a\n garbage")
+    overrides = tiny_uvit_overrides("corrupt", tmp_path / "runs", steps=2) + [
+        "data.name=folder",
+        f"data.path={images}",
+        "data.num_workers=1",
+        "model.uvit.in_channels=3",
+        "model.uvit.img_size=16",
+        "train.batch_size=4",
+        "train.device=cpu",
+        "train.tensorboard=false",
+    ]
+    code = main(["train", "configs/demo.yaml", *overrides, "--no-progress"])
+    err = capsys.readouterr().err
+    assert code == 2
+    assert err.count("\n") == 1 and "corrupt or unreadable image" in err and "3.png" in err
+
+
+def test_dry_run_prints_config_model_and_data(tmp_path, capsys):
+    write_cifar(tmp_path / "cifar-10-batches-py")
+    code = main(["train", "configs/cifar10_uvit_s2.yaml", f"data.path={tmp_path}", "--dry-run"])
+    out = capsys.readouterr().out
+    assert code == 0
+    assert "44,255,328 parameters" in out and "coefficient" in out
+    assert "data: CIFAR-10 train from" in out and "20 images" in out and "(3, 32, 32)" in out
+    assert not (tmp_path / "runs").exists()

@@ -1,0 +1,107 @@
+"""Fréchet distance, reference statistics, FID through a randomly initialised Inception, FD-MNIST."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from scipy import linalg
+
+from scalelong.data import embedded_mnist
+from scalelong.errors import ScaleLongError
+from scalelong.fd_mnist import accuracy, shipped_classifier
+from scalelong.metrics import (
+    fd_of_images,
+    feature_stats,
+    frechet_distance,
+    inception_features,
+    load_inception,
+    load_stats,
+    mnist_reference_stats,
+    reference_stats,
+    save_stats,
+)
+
+
+def _random_gaussian(rng: np.random.Generator, d: int) -> tuple[np.ndarray, np.ndarray]:
+    a = rng.normal(size=(d, d))
+    return rng.normal(size=d), a @ a.T / d + 0.1 * np.eye(d)
+
+
+def test_frechet_distance_zero_on_itself_and_symmetric() -> None:
+    rng = np.random.default_rng(0)
+    feats = rng.normal(size=(300, 16)) @ rng.normal(size=(16, 16))
+    mu, sigma = feature_stats(feats)
+    assert frechet_distance(mu, sigma, mu, sigma) == pytest.approx(0.0, abs=1e-8)
+    (m1, s1), (m2, s2) = _random_gaussian(rng, 16), _random_gaussian(rng, 16)
+    d12, d21 = frechet_distance(m1, s1, m2, s2), frechet_distance(m2, s2, m1, s1)
+    assert d12 > 1.0 and d12 == pytest.approx(d21, rel=1e-9)
+    # agrees with the textbook formula through scipy's sqrtm of the (non-symmetric) product
+    ref = ((m1 - m2) ** 2).sum() + np.trace(s1 + s2 - 2 * linalg.sqrtm(s1 @ s2).real)
+    assert d12 == pytest.approx(ref, rel=1e-8)
+
+
+def test_frechet_distance_closed_form() -> None:
+    """Covariances with a common eigenbasis: FD = |mu1 - mu2|^2 + sum (sqrt(a_i) - sqrt(b_i))^2."""
+    rng = np.random.default_rng(1)
+    q, _ = np.linalg.qr(rng.normal(size=(5, 5)))
+    a, b = np.array([1.0, 2.0, 0.5, 4.0, 9.0]), np.array([4.0, 2.0, 2.0, 1.0, 1.0])
+    mu1, mu2 = np.array([0.0, 1.0, 2.0, 3.0, 4.0]), np.array([1.0, 1.0, 0.0, 3.0, 2.0])
+    expected = 9.0 + ((np.sqrt(a) - np.sqrt(b)) ** 2).sum()  # 1 + 4 + 4 = 9
+    assert frechet_distance(mu1, q @ np.diag(a) @ q.T, mu2, q @ np.diag(b) @ q.T) == pytest.approx(expected)
+    # one dimension: (m1 - m2)^2 + (s1 - s2)^2
+    assert frechet_distance(np.array([0.5]), np.array([[4.0]]), np.array([-0.5]), np.array([[1.0]])) == (
+        pytest.approx(2.0)
+    )
+
+
+def test_stats_round_trip_and_user_errors(tmp_path) -> None:
+    mu, sigma = np.arange(3.0), np.eye(3)
+    path = save_stats(tmp_path / "ref.npz", mu, sigma, "fd-mnist", 10)
+    got_mu, got_sigma = load_stats(path, "fd-mnist")
+    np.testing.assert_array_equal(got_mu, mu) and np.testing.assert_array_equal(got_sigma, sigma)
+    with pytest.raises(ScaleLongError, match="not found"):
+        load_stats(tmp_path / "missing.npz")
+    with pytest.raises(ScaleLongError, match="holds fd-mnist statistics"):
+        load_stats(path, "fid")
+    (tmp_path / "bad.npz").write_text("not a zip")
+    with pytest.raises(ScaleLongError, match="not a statistics file"):
+        load_stats(tmp_path / "bad.npz")
+    with pytest.raises(ScaleLongError, match="do not match"):
+        frechet_distance(mu, sigma, np.zeros(4), np.eye(4))
+
+
+def test_fid_path_end_to_end_with_random_inception(tmp_path) -> None:
+    """No download: the pytorch-fid network with random weights, on tiny grey and colour images."""
+    features = inception_features(random_init=True)
+    gen = torch.Generator().manual_seed(0)
+    real = torch.rand((3, 1, 16, 16), generator=gen) * 2 - 1
+    fake = torch.rand((3, 3, 16, 16), generator=gen) * 2 - 1
+    ref = reference_stats("fid", real, features)
+    assert ref[0].shape == (2048,) and ref[1].shape == (2048, 2048)
+    save_stats(tmp_path / "ref.npz", *ref, "fid", 3)
+    fd = fd_of_images(features, fake, load_stats(tmp_path / "ref.npz", "fid"))
+    assert np.isfinite(fd) and fd > 0  # (each 2048-d distance costs two eigendecompositions: one is enough)
+
+
+def test_inception_weights_path_must_exist(tmp_path) -> None:
+    with pytest.raises(ScaleLongError, match="Inception weights not found"):
+        load_inception(tmp_path / "pt_inception.pth")
+
+
+def test_fd_mnist_classifier_accuracy() -> None:
+    images, labels = embedded_mnist("test")
+    assert accuracy(shipped_classifier(), images, labels) >= 0.97
+
+
+def test_fd_mnist_separates_real_digits_from_noise() -> None:
+    from scalelong.metrics import fd_mnist_features
+
+    features, ref = fd_mnist_features(), mnist_reference_stats("train")
+    real = fd_of_images(features, embedded_mnist("test")[0], ref)
+    noise = fd_of_images(
+        features, torch.rand((500, 1, 32, 32), generator=torch.Generator().manual_seed(0)) * 2 - 1, ref
+    )
+    blurred = fd_of_images(features, torch.nn.functional.avg_pool2d(embedded_mnist("test")[0], 3, 1, 1), ref)
+    assert real * 20 < noise, (real, noise)
+    assert real < blurred < noise, (real, blurred, noise)

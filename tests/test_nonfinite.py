@@ -1,0 +1,127 @@
+"""Stability knobs: the non-finite policy, mixed precision, gradient clipping, the lr schedule."""
+
+import json
+import math
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from conftest import tiny_uvit_overrides
+from scalelong.checkpoint import list_checkpoints, nonfinite_tensors
+from scalelong.cli import main
+from scalelong.config import load_config
+from scalelong.errors import ScaleLongError
+from scalelong.train import lr_factor, train
+
+
+def tiny(tmp_path, name: str, *extra: str):
+    overrides = tiny_uvit_overrides(name, tmp_path, steps=8) + [
+        "train.batch_size=8",
+        "train.log_every=2",
+        "train.checkpoint_every=4",
+        "train.device=cpu",
+        "train.tensorboard=false",
+        "sample.num_images=0",
+        *extra,
+    ]
+    return load_config("configs/demo.yaml", overrides)
+
+
+def records(run_dir):
+    return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+
+
+def test_one_nan_step_is_skipped_counted_and_never_saved(tmp_path):
+    result = train(tiny(tmp_path, "nan3", "train.debug_nan_steps=[3]"), progress=False)
+    logged = records(result.run_dir)
+    assert [r["nonfinite_steps"] for r in logged] == [0, 1, 0, 0]  # step 3 is in the window of step 4
+    assert logged[-1]["nonfinite_total"] == 1
+    assert all(math.isfinite(r["loss"]) for r in logged)
+    assert json.loads((result.run_dir / "summary.json").read_text())["nonfinite_steps"] == 1
+    for ckpt in list_checkpoints(result.run_dir / "checkpoints"):
+        saved = {
+            "model": load_file(ckpt / "model.safetensors"),
+            "ema": load_file(ckpt / "ema.safetensors"),
+            "optimizer": torch.load(ckpt / "optimizer.pt", weights_only=True),
+        }
+        assert nonfinite_tensors(saved) == []
+        # the skipped step made no update: Adam counted 3 of the first 4 steps
+        if ckpt.name == "step-000004":
+            assert float(next(iter(saved["optimizer"]["state"].values()))["step"]) == 3
+
+
+def test_nan_at_every_step_stops_after_k_with_exit_2(tmp_path, capsys):
+    cfg_args = [f"{o}" for o in tiny_uvit_overrides("allnan", tmp_path, steps=8)]
+    code = main(
+        [
+            "train",
+            "configs/demo.yaml",
+            *cfg_args,
+            "--no-progress",
+            "train.device=cpu",
+            "train.tensorboard=false",
+        ]
+        + ["sample.num_images=0", "train.max_nonfinite_steps=3", "train.debug_nan_steps=[1,2,3,4,5,6,7,8]"]
+    )
+    err = capsys.readouterr().err
+    assert code == 2
+    assert err.count("\n") == 1 and "stopped at step 3" in err and "3 steps in a row" in err
+    logged = records(tmp_path / "allnan")
+    assert logged[-1]["step"] == 3 and logged[-1]["nonfinite_total"] == 3
+    assert "loss" not in logged[-1]  # no finite step to average: absent, not zero
+    assert list_checkpoints(tmp_path / "allnan" / "checkpoints") == []
+
+
+def test_bf16_on_cpu_trains_and_fp16_on_cpu_is_a_clear_error(tmp_path):
+    result = train(tiny(tmp_path, "bf16", "train.mixed_precision=bf16"), progress=False)
+    losses = [r["loss"] for r in records(result.run_dir)]
+    assert all(math.isfinite(v) for v in losses) and losses[-1] < 1.2
+    assert all(v.dtype == torch.float32 for v in load_file(result.checkpoint / "model.safetensors").values())
+    with pytest.raises(ScaleLongError, match="fp16 needs a GPU"):
+        train(tiny(tmp_path, "fp16", "train.mixed_precision=fp16"), progress=False)
+    assert not (tmp_path / "fp16").exists()
+
+
+def test_grad_clip_bounds_the_update(tmp_path):
+    moved = {}
+    for clip in (0.0, 1e-9):
+        cfg = tiny(
+            tmp_path, f"clip{clip}", f"train.grad_clip={clip}", "train.steps=4", "optim.warmup_steps=0"
+        )
+        result = train(cfg, progress=False)
+        torch.manual_seed(cfg.train.seed)
+        from scalelong.build import build_model
+
+        init = build_model(cfg.model).state_dict()
+        final = load_file(result.checkpoint / "model.safetensors")
+        moved[clip] = sum((final[k] - init[k]).abs().sum().item() for k in final)
+        assert records(result.run_dir)[-1]["grad_norm"] > 1e-3  # the logged norm is before clipping
+    # Adam is scale-free except for eps: gradients of norm 1e-9 sit far below eps=1e-8
+    assert moved[1e-9] < 0.05 * moved[0.0]
+
+
+def test_lr_schedules():
+    warm = [lr_factor(s, 4, 20, "constant", 0.0) for s in range(8)]
+    assert warm == [0.25, 0.5, 0.75, 1.0, 1.0, 1.0, 1.0, 1.0]
+    cos = [lr_factor(s, 4, 20, "cosine", 0.1) for s in (3, 4, 12, 20, 25)]
+    assert cos[0] == 1.0 and cos[1] == pytest.approx(1.0)
+    assert (
+        cos[2] == pytest.approx(0.1 + 0.9 * 0.5)
+        and cos[3] == pytest.approx(0.1)
+        and cos[4] == pytest.approx(0.1)
+    )
+
+
+def test_metric_hooks_merge_into_the_log(tmp_path):
+    def every_third(step, trainer):
+        return {"probe": float(step), "ema_decay": trainer.cfg.train.ema_decay} if step % 3 == 0 else {}
+
+    result = train(
+        tiny(tmp_path, "hooks", "train.checkpoint_every=0"), progress=False, metric_hooks=[every_third]
+    )
+    logged = {r["step"]: r for r in records(result.run_dir)}
+    assert sorted(logged) == [2, 3, 4, 6, 8]
+    assert logged[3] == {"step": 3, "probe": 3.0, "ema_decay": 0.995}  # between log steps: the extras only
+    assert logged[6]["probe"] == 6.0 and "loss" in logged[6]
+    assert "probe" not in logged[4]

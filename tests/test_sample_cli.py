@@ -1,0 +1,153 @@
+"""`scalelong sample | fid-stats | eval` and the training-time evaluator, on a tiny untrained run."""
+
+from __future__ import annotations
+
+import json
+import urllib.error
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from safetensors.torch import save_file
+
+from scalelong.build import build_model
+from scalelong.checkpoint import step_dir_name
+from scalelong.cli import main
+from scalelong.config import load_config, save_config
+from scalelong.evaluation import TrainingEvaluator, best_step
+
+TINY = [
+    "model.uvit.img_size=32",
+    "model.uvit.patch_size=8",
+    "model.uvit.in_channels=1",
+    "model.uvit.embed_dim=16",
+    "model.uvit.depth=2",
+    "model.uvit.num_heads=2",
+    "sample.sampler=dpm_solver",
+    "sample.steps=3",
+    "eval.steps=3",
+    "eval.num_samples=16",
+    "eval.batch_size=8",
+    "eval.final_num_samples=24",
+]
+
+
+def write_checkpoint(run_dir: Path, cfg, step: int) -> None:
+    torch.manual_seed(step)
+    state = {k: v.contiguous() for k, v in build_model(cfg.model).state_dict().items()}
+    folder = run_dir / "checkpoints" / step_dir_name(step)
+    folder.mkdir(parents=True)
+    save_file(state, folder / "ema.safetensors")
+    save_file(state, folder / "model.safetensors")
+
+
+@pytest.fixture()
+def run(tmp_path: Path):
+    cfg = load_config(None, [*TINY, "name=tiny", f"out_dir={tmp_path}", "eval.every=10"])
+    cfg.run_dir.mkdir(parents=True)
+    save_config(cfg, cfg.run_dir / "config.yaml")
+    write_checkpoint(cfg.run_dir, cfg, 10)
+    return cfg
+
+
+def cli(capsys, *argv: str) -> tuple[int, str, str]:
+    rc = main([*map(str, argv), "--no-progress", "--device", "cpu"])
+    out, err = capsys.readouterr()
+    return rc, out, err
+
+
+def test_sample_writes_pngs_resumes_and_ignores_batch_size(run, tmp_path, capsys) -> None:
+    out = tmp_path / "samples"
+    rc, stdout, _ = cli(capsys, "sample", run.run_dir, "--n", 5, "--out", out, "--batch-size", 2)
+    assert rc == 0 and "5 images (5 new)" in stdout
+    first = np.load(out / "samples.npz")["images"]
+    assert first.shape == (5, 32, 32, 1) and first.dtype == np.uint8 and first.std() > 0
+    for i in (1, 4):
+        (out / f"{i:06d}.png").unlink()
+    kept = (out / "000000.png").stat().st_mtime_ns
+    rc, stdout, _ = cli(capsys, "sample", run.run_dir, "--n", 5, "--out", out, "--batch-size", 5)
+    assert rc == 0 and "5 images (2 new)" in stdout
+    assert (out / "000000.png").stat().st_mtime_ns == kept
+    np.testing.assert_array_equal(np.load(out / "samples.npz")["images"], first)  # same seeds, other batches
+    rc, _, err = cli(capsys, "sample", run.run_dir, "--n", 5, "--out", out, "--sampler", "ddim")
+    assert rc == 2 and err.count("\n") == 1 and "other settings" in err
+
+
+def test_eval_fd_mnist_and_bad_stats_fail_fast(run, tmp_path, capsys) -> None:
+    rc, stdout, _ = cli(capsys, "eval", run.run_dir, "--n", 16, "--metric", "fd-mnist")
+    assert rc == 0 and stdout.startswith("fd-mnist ")
+    (result,) = [json.loads(p.read_text()) for p in (run.run_dir / "eval").iterdir()]
+    assert result["fd_samples"] == 16 and result["fd"] > 0 and result["checkpoint"] == "step-000010"
+    # the statistics are read before the checkpoint: with neither, the error names the statistics
+    for p in (run.run_dir / "checkpoints" / "step-000010").iterdir():
+        p.unlink()
+    rc, _, err = cli(capsys, "eval", run.run_dir, "--fid-stats", tmp_path / "nope.npz", "--metric", "fid")
+    assert rc == 2 and err.count("\n") == 1 and "nope.npz" in err
+
+
+def test_fid_stats_then_eval_reads_the_metric_from_the_file(run, tmp_path, capsys) -> None:
+    stats = tmp_path / "mnist.npz"
+    config = run.run_dir / "config.yaml"
+    rc, stdout, _ = cli(capsys, "fid-stats", config, "--out", stats, "--metric", "fd-mnist", "--limit", 200)
+    assert rc == 0 and "statistics of 200 mnist images" in stdout
+    rc, stdout, _ = cli(capsys, "eval", run.run_dir, "--n", 8, "--fid-stats", stats, "--steps", 2)
+    assert rc == 0 and stdout.startswith("fd-mnist ") and "2 steps" in stdout
+
+
+def test_fid_offline_without_weights_is_one_line(run, tmp_path, capsys, monkeypatch) -> None:
+    from pytorch_fid import inception
+
+    from scalelong import metrics
+
+    def offline(url, progress=True):  # what torch's downloader raises without a network
+        raise urllib.error.URLError("[Errno -3] Temporary failure in name resolution")
+
+    monkeypatch.setenv("TORCH_HOME", str(tmp_path / "torch"))  # no cached weights
+    monkeypatch.setattr(metrics, "_probe", lambda url, timeout=15.0: "URLError: Name or service not known")
+    monkeypatch.setattr(inception, "load_state_dict_from_url", offline)
+    rc, _, err = cli(capsys, "fid-stats", run.run_dir / "config.yaml", "--out", tmp_path / "s.npz")
+    assert rc == 2 and err.count("\n") == 1, err
+    assert inception.FID_WEIGHTS_URL in err and "--inception-weights" in err
+    assert not (tmp_path / "s.npz").exists()
+
+
+def test_training_evaluator_and_best_step(run) -> None:
+    run_dir = run.run_dir
+    evaluator = TrainingEvaluator(run, run_dir, "cpu")
+    assert [s for s in range(1, 31) if evaluator.due(s)] == [10, 20, 30]
+    ema = build_model(run.model).train()
+    record = evaluator(10, ema)
+    assert ema.training  # mode restored
+    assert record["fd_metric"] == "fd-mnist" and record["fd_samples"] == 16 and record["fd"] > 0
+    assert evaluator(10, ema)["fd"] == record["fd"]  # fixed evaluation seeds
+
+    lines = [
+        {"step": 10, "fd": 9.0, "fd_metric": "fd-mnist"},
+        {"step": 20, "fd": 1.0, "fd_metric": "fd-mnist"},  # stale: its checkpoint does not exist
+        {"step": 10, "fd": 5.0, "fd_metric": "fd-mnist"},  # re-logged after a resume: replaces 9.0
+        {"step": 30, "fd": 0.5, "fd_metric": "fid"},  # another metric
+        {"step": 30, "fd": "nan", "fd_metric": "fd-mnist"},
+        {"step": 30, "loss": 0.1},
+    ]
+    (run_dir / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in lines))
+    assert best_step(run_dir, "fd-mnist") == 10
+    assert best_step(run_dir, "fd-mnist", require_checkpoint=False) == 20
+    write_checkpoint(run_dir, run, 30)
+    with (run_dir / "metrics.jsonl").open("a") as f:
+        f.write(json.dumps({"step": 30, "fd": 4.0, "fd_metric": "fd-mnist"}) + "\n")
+    assert best_step(run_dir, "fd-mnist") == 30
+    final = evaluator.finalize()
+    assert final["best_step"] == 30 and final["fd_samples"] == 24 and final["fd_at_eval"] == 4.0
+    assert json.loads((run_dir / "eval_final.json").read_text())["fd"] == final["fd"]
+
+
+def test_eval_config_validation() -> None:
+    from scalelong.errors import ScaleLongError
+
+    with pytest.raises(ScaleLongError, match="eval.fid_stats"):
+        load_config(None, ["eval.metric=fid", "eval.every=100"])
+    with pytest.raises(ScaleLongError, match="eval.sampler"):
+        load_config(None, ["eval.sampler=heun"])
+    with pytest.raises(ScaleLongError, match="eval.metric"):
+        load_config(None, ["eval.metric=is"])

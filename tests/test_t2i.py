@@ -1,0 +1,96 @@
+import pytest
+import torch
+
+from scalelong.diffusion import DiscreteDDPM
+from scalelong.errors import ScaleLongError
+from scalelong.models import UViT
+from scalelong.t2i import LatentCaptions, caption_dropout, extract_features, guided_eps_fn
+from t2i_fixtures import fake_coco, tiny_autoencoder, tiny_text_encoder
+
+pytest.importorskip("transformers")
+pytest.importorskip("diffusers")
+
+
+def test_t2i_uvit_at_recipe_size_has_the_release_parameter_count_and_334_tokens():
+    model = UViT(in_channels=4, context_dim=768, skip_method="none")
+    assert sum(p.numel() for p in model.parameters()) == 44_692_644
+    ls = UViT(in_channels=4, context_dim=768, skip_method="ls")
+    assert ls.num_tokens == 334
+    assert ls.skip_scaling.gates[0].num_tokens == 334
+
+
+def test_extract_features_from_fake_coco(tmp_path):
+    images, captions = fake_coco(tmp_path)
+    tokenizer, text = tiny_text_encoder(tmp_path)
+    meta = extract_features(
+        images,
+        captions,
+        tmp_path / "feat",
+        tiny_autoencoder(),
+        tokenizer,
+        text,
+        resolution=32,
+        shard_size=3,
+        batch_size=2,
+        progress=False,
+    )
+    assert meta["images"] == 4 and meta["captions"] == 8 and meta["shards"] == 2
+    ds = LatentCaptions(tmp_path / "feat")
+    assert len(ds) == 8
+    latent, context = ds[7]
+    assert latent.shape == (4, 4, 4) and context.shape == (77, 32)
+    # both captions of the last image point at the same latent
+    assert torch.equal(ds[6][0], ds[7][0]) and not torch.equal(ds[5][0], ds[6][0])
+    assert ds.null_context.shape == (77, 32)
+
+
+def test_missing_captions_and_corrupt_image_give_one_line_errors(tmp_path):
+    images, captions = fake_coco(tmp_path)
+    tokenizer, text = tiny_text_encoder(tmp_path)
+    with pytest.raises(ScaleLongError, match="captions file not found"):
+        extract_features(images, tmp_path / "none.json", tmp_path / "f", tiny_autoencoder(), tokenizer, text)
+    (images / "COCO_002.jpg").write_bytes(b"not a jpeg")
+    with pytest.raises(ScaleLongError, match="corrupt image file: .*COCO_002.jpg"):
+        extract_features(
+            images,
+            captions,
+            tmp_path / "f",
+            tiny_autoencoder(),
+            tokenizer,
+            text,
+            resolution=32,
+            progress=False,
+        )
+    with pytest.raises(ScaleLongError, match="no feature shards"):
+        LatentCaptions(tmp_path / "empty")
+
+
+def test_guidance_scale_one_and_zero_are_exact():
+    torch.manual_seed(0)
+    net = UViT(
+        img_size=8,
+        patch_size=2,
+        in_channels=4,
+        embed_dim=32,
+        depth=2,
+        num_heads=2,
+        context_dim=16,
+        context_tokens=5,
+    ).eval()
+    schedule = DiscreteDDPM(beta_schedule="scaled_linear", beta_start=0.00085, beta_end=0.012)
+    x, t = torch.randn(3, 4, 8, 8), torch.tensor([10.0, 500.0, 999.0])
+    cond, uncond = {"context": torch.randn(3, 5, 16)}, {"context": torch.zeros(3, 5, 16)}
+    with torch.no_grad():
+        eps_c = net(x, t, **cond)
+        eps_u = net(x, t, **uncond)
+        assert torch.equal(guided_eps_fn(net, schedule, 1.0, cond, uncond)(x, t), eps_c)
+        assert torch.equal(guided_eps_fn(net, schedule, 0.0, cond, uncond)(x, t), eps_u)
+        mixed = guided_eps_fn(net, schedule, 3.0, cond, uncond)(x, t)
+    torch.testing.assert_close(mixed, eps_u + 3.0 * (eps_c - eps_u), atol=1e-5, rtol=1e-5)
+
+
+def test_caption_dropout_rate():
+    context, null = torch.ones(4000, 2, 3), torch.zeros(2, 3)
+    out = caption_dropout(context, null, 0.1, torch.Generator().manual_seed(0))
+    dropped = (out.sum(dim=(1, 2)) == 0).float().mean().item()
+    assert 0.08 < dropped < 0.12

@@ -1,0 +1,223 @@
+"""Checkpoints and resume: atomic full-state checkpoints, exact resume after SIGKILL, fallback
+from a damaged checkpoint, config mismatch, Ctrl-C / SIGTERM.
+
+Runs go through subprocesses with one thread each, so the straight run and the resumed run
+compute in the same environment and their weights can be compared bit for bit.
+"""
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+import yaml
+from safetensors.torch import load_file
+
+from scalelong.checkpoint import checkpoint_problem, list_checkpoints, save_checkpoint
+
+TINY = {
+    "name": "straight",
+    "model": {
+        "type": "uvit",
+        "skip": {"method": "ls"},
+        "uvit": {
+            "img_size": 32,
+            "patch_size": 8,
+            "in_channels": 1,
+            "embed_dim": 32,
+            "depth": 2,
+            "num_heads": 2,
+        },
+    },
+    "data": {"name": "mnist", "hflip": True},
+    "optim": {"lr": 2e-3, "betas": [0.9, 0.999], "warmup_steps": 3},
+    "train": {
+        "steps": 12,
+        "batch_size": 8,
+        "ema_decay": 0.9,
+        "log_every": 3,
+        "checkpoint_every": 6,
+        "device": "cpu",
+        "tensorboard": False,
+    },
+    "sample": {"num_images": 0},
+}
+ENV = dict(os.environ, OMP_NUM_THREADS="1", MKL_NUM_THREADS="1")
+
+
+def cli(*args: str, cwd: Path) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "scalelong.cli", "train", "config.yaml", "--no-progress", *args],
+        cwd=cwd,
+        env=ENV,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+
+
+def start_hanging(name: str, cwd: Path) -> subprocess.Popen:
+    """A run that waits after its step-6 checkpoint, to be killed there."""
+    return subprocess.Popen(
+        [sys.executable, "-m", "scalelong.cli", "train", "config.yaml", "--no-progress"]
+        + [f"name={name}", "train.debug_hang_at_step=6"],
+        cwd=cwd,
+        env=ENV,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+
+
+def wait_for(path: Path, proc: subprocess.Popen, timeout: float = 240) -> None:
+    end = time.monotonic() + timeout
+    while not path.exists():
+        assert proc.poll() is None, proc.communicate()
+        assert time.monotonic() < end, f"{path} did not appear"
+        time.sleep(0.2)
+
+
+def final_state(run: Path) -> dict:
+    ckpt = run / "checkpoints" / "step-000012"
+    return {
+        "model": load_file(ckpt / "model.safetensors"),
+        "ema": load_file(ckpt / "ema.safetensors"),
+        "optimizer": torch.load(ckpt / "optimizer.pt", weights_only=True),
+        "trainer": torch.load(ckpt / "trainer.pt", weights_only=True),
+    }
+
+
+def assert_bitwise_equal(a, b, where: str = "") -> None:
+    if isinstance(a, torch.Tensor):
+        assert torch.equal(a, b), where
+    elif isinstance(a, dict):
+        assert a.keys() == b.keys(), where
+        for k in a:
+            assert_bitwise_equal(a[k], b[k], f"{where}.{k}")
+    elif isinstance(a, list | tuple):
+        assert len(a) == len(b), where
+        for i, (x, y) in enumerate(zip(a, b, strict=True)):
+            assert_bitwise_equal(x, y, f"{where}[{i}]")
+    else:
+        assert a == b, where
+
+
+@pytest.fixture(scope="module")
+def workdir(tmp_path_factory) -> Path:
+    """A folder with config.yaml and the straight 12-step run ``runs/straight``."""
+    root = tmp_path_factory.mktemp("resume")
+    (root / "config.yaml").write_text(yaml.safe_dump(TINY))
+    out = cli(cwd=root)
+    assert out.returncode == 0, out.stderr
+    return root
+
+
+def test_checkpoint_holds_the_full_state(workdir):
+    run = workdir / "runs" / "straight"
+    assert [p.name for p in list_checkpoints(run / "checkpoints")] == ["step-000006", "step-000012"]
+    ckpt = run / "checkpoints" / "step-000012"
+    meta = json.loads((ckpt / "meta.json").read_text())
+    assert meta["step"] == 12 and meta["config"]["train"]["batch_size"] == 8
+    assert sorted(meta["files"]) == ["ema.safetensors", "model.safetensors", "optimizer.pt", "trainer.pt"]
+    trainer = torch.load(ckpt / "trainer.pt", weights_only=True)
+    assert trainer["step"] == 12 and trainer["data"]["position"] == 12
+    assert len(trainer["rng"]) == 1 and trainer["lr_schedule"]["lr"] == 2e-3
+    optimizer = torch.load(ckpt / "optimizer.pt", weights_only=True)
+    assert float(next(iter(optimizer["state"].values()))["step"]) == 12
+    assert checkpoint_problem(ckpt) is None
+    assert not any(p.name.startswith(".tmp") for p in (run / "checkpoints").iterdir())
+    # EMA and weights differ (EMA lags), the LS gate trained
+    model, ema = load_file(ckpt / "model.safetensors"), load_file(ckpt / "ema.safetensors")
+    assert any(k.startswith("skip_scaling.") for k in model)
+    assert not all(torch.equal(model[k], ema[k]) for k in model)
+
+
+def test_sigkill_after_step_6_then_resume_is_bitwise_exact(workdir):
+    proc = start_hanging("killed", workdir)
+    run = workdir / "runs" / "killed"
+    wait_for(run / "checkpoints" / "step-000006", proc)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    assert not (run / "checkpoints" / "step-000012").exists()
+    out = cli("name=killed", cwd=workdir)  # the same command resumes
+    assert out.returncode == 0, out.stderr
+    assert "resuming" in out.stdout and "step-000006" in out.stdout
+    assert_bitwise_equal(final_state(workdir / "runs" / "straight"), final_state(run))
+    # the metrics read as one run: every logged step once
+    steps = [r["step"] for r in map(json.loads, (run / "metrics.jsonl").read_text().splitlines())]
+    assert steps == [3, 6, 9, 12]
+
+
+def test_truncated_newest_checkpoint_falls_back_to_the_one_before(workdir):
+    straight = workdir / "runs" / "straight"
+    run = workdir / "runs" / "damaged"
+    shutil.copytree(straight, run)
+    config = yaml.safe_load((run / "config.yaml").read_text())
+    config["name"] = "damaged"
+    (run / "config.yaml").write_text(yaml.safe_dump(config))
+    weights = run / "checkpoints" / "step-000012" / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[:1000])
+    out = cli("name=damaged", cwd=workdir)
+    assert out.returncode == 0, out.stderr
+    warnings = [line for line in out.stdout.splitlines() if line.startswith("warning:")]
+    assert len(warnings) == 1 and "step-000012" in warnings[0] and "truncated" in warnings[0]
+    assert "resuming" in out.stdout and "from step-000006" in out.stdout
+    assert_bitwise_equal(final_state(straight)["model"], final_state(run)["model"])
+
+
+def test_different_config_in_existing_run_dir_is_an_error(workdir):
+    run = workdir / "runs" / "straight"
+    before = sorted(str(p) for p in run.rglob("*"))
+    out = cli("optim.lr=1e-3", cwd=workdir)
+    assert out.returncode == 2
+    assert out.stderr.count("\n") == 1 and "another config" in out.stderr and "optim.lr" in out.stderr
+    assert "Traceback" not in out.stderr
+    assert sorted(str(p) for p in run.rglob("*")) == before
+    # a finished run re-run with the same config is complete, not retrained
+    out = cli(cwd=workdir)
+    assert out.returncode == 0 and "complete at step 12" in out.stdout
+
+
+def test_sigterm_exits_2_and_leaves_the_last_complete_checkpoint(workdir):
+    proc = start_hanging("terminated", workdir)
+    run = workdir / "runs" / "terminated"
+    wait_for(run / "checkpoints" / "step-000006", proc)
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 2
+    assert err.strip().count("\n") == 0 and "interrupted at step 6" in err
+    assert [p.name for p in (run / "checkpoints").iterdir()] == ["step-000006"]
+    assert checkpoint_problem(run / "checkpoints" / "step-000006") is None
+
+
+def test_keep_last_k_and_refuse_nonfinite(tmp_path):
+    w = {"w": torch.ones(3)}
+    for step in (1, 2, 3, 4):
+        save_checkpoint(tmp_path, step, w, w, {}, optimizer={}, trainer={}, keep=2)
+    assert [p.name for p in list_checkpoints(tmp_path)] == ["step-000003", "step-000004"]
+    with pytest.raises(Exception, match="non-finite values in ema.w"):
+        save_checkpoint(tmp_path, 5, w, {"w": torch.tensor([1.0, float("nan")])}, {})
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["step-000003", "step-000004"]
+
+
+def test_tracker_truncates_on_resume_and_skips_missing_tensorboard(tmp_path, monkeypatch, capsys):
+    from scalelong.tracking import MetricsLog, Tracker
+
+    tracker = Tracker(tmp_path, {}, tensorboard=True)
+    for step in (2, 4, 6):
+        tracker.log({"step": step, "loss": 1.0 / step, "nonfinite_steps": 0})
+    tracker.close()
+    assert len(list((tmp_path / "tb").iterdir())) == 1
+    monkeypatch.setitem(sys.modules, "torch.utils.tensorboard", None)  # as if not installed
+    resumed = Tracker(tmp_path, {}, start_step=4, tensorboard=True)
+    out = capsys.readouterr().out
+    assert out.count("\n") == 1 and "tensorboard is not installed" in out and resumed.tb is None
+    resumed.log({"step": 6, "loss": float("nan")})
+    records = MetricsLog.read(tmp_path / "metrics.jsonl")
+    assert [r["step"] for r in records] == [2, 4, 6] and records[-1]["loss"] == "nan"

@@ -1,0 +1,101 @@
+import pytest
+import torch
+from safetensors.torch import save_file
+
+from scalelong.adapters import load_uvit_checkpoint
+from scalelong.config import ModelConfig, SkipConfig, UViTConfig
+from scalelong.errors import ScaleLongError
+from scalelong.models import UViT
+
+# A tiny U-ViT: img 8, patch 2 (16 patches), D 16, depth 2 (1 in, 1 mid, 1 out), 4 heads,
+# class-conditional with 10 classes: L = 1 time + 1 label + 16 patches = 18 tokens.
+TINY = UViTConfig(img_size=8, patch_size=2, in_channels=3, embed_dim=16, depth=2, num_heads=4, num_classes=10)
+
+
+def released_state(seed: int = 0) -> dict[str, torch.Tensor]:
+    """The release's names and shapes for TINY, written out by hand (not taken from our model)."""
+    D, p, C, L = 16, 2, 3, 18
+    shapes = {
+        "pos_embed": (1, L, D),
+        "patch_embed.proj.weight": (D, C, p, p),
+        "patch_embed.proj.bias": (D,),
+        "label_emb.weight": (10, D),
+        "norm.weight": (D,),
+        "norm.bias": (D,),
+        "decoder_pred.weight": (p * p * C, D),
+        "decoder_pred.bias": (p * p * C,),
+        "final_layer.weight": (C, C, 3, 3),
+        "final_layer.bias": (C,),
+        "out_blocks.0.skip_linear.weight": (D, 2 * D),
+        "out_blocks.0.skip_linear.bias": (D,),
+    }
+    for block in ("in_blocks.0", "mid_block", "out_blocks.0"):
+        shapes |= {
+            f"{block}.norm1.weight": (D,),
+            f"{block}.norm1.bias": (D,),
+            f"{block}.attn.qkv.weight": (3 * D, D),  # the release has no qkv bias
+            f"{block}.attn.proj.weight": (D, D),
+            f"{block}.attn.proj.bias": (D,),
+            f"{block}.norm2.weight": (D,),
+            f"{block}.norm2.bias": (D,),
+            f"{block}.mlp.fc1.weight": (4 * D, D),
+            f"{block}.mlp.fc1.bias": (4 * D,),
+            f"{block}.mlp.fc2.weight": (D, 4 * D),
+            f"{block}.mlp.fc2.bias": (D,),
+        }
+    gen = torch.Generator().manual_seed(seed)
+    return {k: torch.randn(s, generator=gen) for k, s in shapes.items()}
+
+
+def test_loads_release_names_from_pth(tmp_path):
+    state = released_state()
+    torch.save(state, tmp_path / "nnet.pth")
+    model = load_uvit_checkpoint(tmp_path / "nnet.pth", TINY)
+    ours = model.state_dict()
+    assert set(ours) == set(state)  # method none: no parameters of ours
+    for k, v in state.items():
+        assert torch.equal(ours[k], v), k
+    x, t, y = torch.randn(2, 3, 8, 8), torch.rand(2) * 999, torch.tensor([1, 2])
+    assert model(x, t, y).shape == x.shape
+
+
+def test_safetensors_and_ls_keeps_its_init(tmp_path):
+    state = released_state()
+    save_file(state, tmp_path / "nnet.safetensors")
+    cfg = ModelConfig(type="uvit", skip=SkipConfig(method="ls"), uvit=TINY)
+    torch.manual_seed(3)
+    fresh = UViT(**vars(TINY), skip_method="ls")
+    torch.manual_seed(3)
+    model = load_uvit_checkpoint(tmp_path / "nnet.safetensors", cfg)
+    assert model.skip_scaling.method == "ls"
+    for (name, p), q in zip(
+        model.skip_scaling.named_parameters(), fresh.skip_scaling.parameters(), strict=True
+    ):
+        assert torch.equal(p, q), name
+    assert torch.equal(model.pos_embed, state["pos_embed"])
+
+
+def test_clear_errors(tmp_path):
+    with pytest.raises(ScaleLongError, match="not found"):
+        load_uvit_checkpoint(tmp_path / "missing.pth", TINY)
+
+    state = released_state()
+    state["pos_embed"] = torch.zeros(1, 17, 16)  # e.g. the checkpoint is unconditional
+    torch.save(state, tmp_path / "shape.pth")
+    with pytest.raises(ScaleLongError, match=r"pos_embed: checkpoint \(1, 17, 16\) vs model \(1, 18, 16\)"):
+        load_uvit_checkpoint(tmp_path / "shape.pth", TINY)
+
+    state = released_state()
+    del state["mid_block.mlp.fc2.bias"]
+    state["extra.weight"] = torch.zeros(1)
+    torch.save(state, tmp_path / "keys.pth")
+    with pytest.raises(
+        ScaleLongError, match=r"missing 1: mid_block.mlp.fc2.bias.*unexpected 1: extra.weight"
+    ):
+        load_uvit_checkpoint(tmp_path / "keys.pth", TINY)
+
+    torch.save({"step": 3, "opt": object()}, tmp_path / "pickle.pth")  # not loadable with weights_only
+    with pytest.raises(ScaleLongError, match="cannot read"):
+        load_uvit_checkpoint(tmp_path / "pickle.pth", TINY)
+    with pytest.raises(ScaleLongError, match="ModelConfig, UViTConfig or dict"):
+        load_uvit_checkpoint(tmp_path / "keys.pth", 3)
