@@ -67,7 +67,7 @@ def test_cs_records_one_entry_per_skip_with_kappa_powers():
         for name in BLOCKS:
             assert rec[f"block/{name}/feature_norm"] > 0
             assert rec[f"block/{name}/grad_norm"] > 0
-        assert rec["nonfinite"] == 0 and rec["spikes"] == 0
+        assert rec["nonfinite_values"] == 0 and rec["spikes"] == 0
     # Window statistics need two values: NaN on the first logged step, numbers afterwards.
     assert math.isnan(records[2]["osc/loss_std"])
     assert records[6]["osc/feature_norm_range"] >= 0 and records[6]["osc/loss_peak_ratio"] >= 1
@@ -134,7 +134,7 @@ def test_nonfinite_values_are_recorded_and_counted():
     assert math.isnan(rec["block/out_blocks.0/feature_norm"])
     assert math.isfinite(rec["block/in_blocks.0/feature_norm"])
     # feature and grad norm of the poisoned block and everything after it, and the NaN loss
-    assert rec["nonfinite"] >= 6 and rec["nonfinite_total"] == rec["nonfinite"]
+    assert rec["nonfinite_values"] >= 6 and rec["nonfinite_values_total"] == rec["nonfinite_values"]
     assert rec["spikes"] == 1  # a non-finite loss is a spike
 
 
@@ -144,7 +144,7 @@ def test_spike_counter_and_window_stats():
     for step, loss in enumerate([1.0, 1.2, 0.8, 5.0, 1.0, 2.9, math.inf], start=1):
         rec = diag.collect(step, loss)  # no forward ran: the skips and blocks are missing, not non-finite
         spikes.append(rec["spikes"])
-        nonfinite.append(rec["nonfinite"])
+        nonfinite.append(rec["nonfinite_values"])
     assert spikes == [0, 0, 0, 1, 1, 1, 2]
     assert nonfinite == [0, 0, 0, 0, 0, 0, 1]
     assert math.isnan(rec["skip/1/norm_in"])

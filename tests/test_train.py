@@ -31,3 +31,24 @@ def test_same_config_gives_identical_weights(tmp_path):
     assert all(torch.equal(weights[0][k], weights[1][k]) for k in weights[0])
     # and the run really trained: the LS gate moved away from its initialisation
     assert any(k.startswith("skip_scaling.") for k in weights[0])
+
+
+def test_trainer_logs_diagnostics_with_the_index_convention(tmp_path):
+    overrides = tiny_uvit_overrides("diag", tmp_path, steps=10, method="cs")
+    overrides += ["model.uvit.depth=4", "model.skip.kappa=0.5", "diagnostics.every=5"]
+    result = train(load_config("configs/demo.yaml", overrides), progress=False)
+    records = [json.loads(line) for line in (result.run_dir / "metrics.jsonl").read_text().splitlines()]
+    diag = [r for r in records if "feature_norm" in r]
+    assert [r["step"] for r in diag] == [5, 10]
+    for r in diag:
+        skips = sorted({int(k.split("/")[1]) for k in r if k.startswith("skip/")})
+        assert skips == [1, 2]
+        assert r["skip/1/coef_mean"] == 1.0 and r["skip/2/coef_mean"] == 0.5
+        assert r["nonfinite_total"] == 0  # the trainer's count of skipped steps is not overwritten
+
+
+def test_diagnostics_off_logs_no_skip_statistics(tmp_path):
+    overrides = tiny_uvit_overrides("nodiag", tmp_path, steps=5) + ["diagnostics.every=0"]
+    result = train(load_config("configs/demo.yaml", overrides), progress=False)
+    text = (result.run_dir / "metrics.jsonl").read_text()
+    assert "skip/" not in text and "feature_norm" not in text

@@ -25,7 +25,7 @@ Metric names (flat, ready for metrics.jsonl and TensorBoard; skip 1 is the outer
   and ``loss``: ``osc/<series>_std``, ``osc/<series>_range``, ``osc/<series>_peak_ratio``
   (largest / median) over the last ``window`` logged values.
 * ``spikes``: loss spikes so far (loss above ``spike_factor`` x the window's median, or not
-  finite); ``nonfinite``: non-finite values in this record; ``nonfinite_total``: so far.
+  finite); ``nonfinite_values``: non-finite values in this record; ``nonfinite_values_total``: so far.
 
 Norms are per sample and averaged over the batch, so they do not depend on the batch size. If
 an armed step runs several forwards (gradient accumulation), the last one's features are kept
@@ -272,8 +272,8 @@ class Diagnostics:
             for k, v in window_stats(self.history[series]).items():
                 out[f"osc/{series}_{k}"] = v
         out["spikes"] = self.spikes
-        out["nonfinite"] = nonfinite
-        out["nonfinite_total"] = self.nonfinite_total
+        out["nonfinite_values"] = nonfinite
+        out["nonfinite_values_total"] = self.nonfinite_total
         return out
 
     def _is_spike(self, loss: float) -> bool:

@@ -51,6 +51,7 @@ from scalelong.checkpoint import (
 )
 from scalelong.config import Config, config_to_dict
 from scalelong.data import EpochBatches
+from scalelong.diagnostics import Diagnostics
 from scalelong.diffusion import add_noise
 from scalelong.errors import ScaleLongError
 from scalelong.tracking import Tracker
@@ -173,6 +174,12 @@ class Trainer:
         self.step = 0
         self.nonfinite_total, self.nonfinite_streak, self.overflow_total = 0, 0, 0
         self.metric_hooks: list[MetricHook] = []
+        d = cfg.diagnostics
+        # Hooks are armed only on diagnostic steps; other steps run no diagnostic code at all.
+        self.diagnostics = (
+            Diagnostics(self.unwrapped, d.every, d.window, d.spike_factor).attach() if d.every > 0 else None
+        )
+        self.diag_metrics: dict = {}
 
     def lr_at(self, step: int) -> float:
         """Learning rate of the update that follows ``step`` completed steps."""
@@ -236,6 +243,7 @@ class Trainer:
         if self.cfg.data.hflip:
             x0 = torch.where(flip.to(dev)[:, None, None, None], x0.flip(-1), x0)
         t, noise = t.to(dev), noise.to(dev)
+        diagnose = self.diagnostics is not None and self.diagnostics.active_for(self.step + 1)
         cond = conditioning(self.unwrapped, labels.to(dev))
         pred = self.model(add_noise(self.schedule, x0, t, noise), self.schedule.model_time(t), **cond)
         # the loss of diffusion.training_loss, with t and noise drawn for the global batch above
@@ -250,6 +258,8 @@ class Trainer:
         # One host sync per step: skipping a step must be decided before the update. gnorm
         # comes from all-reduced gradients and loss_all is reduced, so every process agrees.
         loss_ok, grads_ok = torch.stack([torch.isfinite(loss_all), torch.isfinite(gnorm)]).tolist()
+        if diagnose:  # before the update: gradients and features of this very step
+            self.diag_metrics = self.diagnostics.collect(self.step + 1, float(loss_all))
         clip = self.cfg.train.grad_clip
         if loss_ok and grads_ok and clip > 0:
             grads = [p.grad for p in self.params if p.grad is not None]
@@ -400,7 +410,7 @@ class Trainer:
                 if self.nonfinite_streak >= t.max_nonfinite_steps:
                     self._log(tracker, step, window, gnorm, img_s, {})
                     raise self._stopped(step)
-                extra: dict = {}
+                extra, self.diag_metrics = self.diag_metrics, {}
                 for hook in self.metric_hooks:
                     extra.update(hook(step, self))
                 if step % t.log_every == 0 or step == t.steps:
