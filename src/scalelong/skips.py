@@ -18,6 +18,10 @@ cs         kappa ** (i - 1)                      Constant Scaling
 ls         zeta(skip_i), one module for all      Learnable Scaling
 ls-nonshare zeta_i(skip_i), one module per skip  Learnable Scaling, not shared
 ========== ===================================== ==================================
+
+Learned gates: on transformer tokens (``num_tokens``) the released :class:`TokenGate`; on
+convolutional skips (``skip_channels``) a per-skip :class:`ChannelGate` for ``ls-nonshare`` and
+one width-agnostic :class:`SharedChannelGate` for ``ls``.
 """
 
 from __future__ import annotations
