@@ -166,6 +166,17 @@ class EvalConfig:
 
 
 @dataclass
+class T2IConfig:
+    """Latent text-to-image (data.name=coco_latents): encoders and guidance."""
+
+    autoencoder: str = "CompVis/stable-diffusion-v1-4"  # hub id or local folder; its vae/ is SD's KL-f8
+    text_encoder: str = "openai/clip-vit-large-patch14"  # hub id or local folder (CLIP ViT-L/14)
+    latent_scale: float = 0.23010  # latents are stored times this
+    caption_dropout: float = 0.1  # captions replaced by the empty one, to learn the unconditional model
+    guidance_scale: float = 1.0  # classifier-free guidance of sample grids and `scalelong sample`
+
+
+@dataclass
 class Config:
     name: str = "run"  # run directory: <out_dir>/<name>
     out_dir: str = "runs"
@@ -177,6 +188,7 @@ class Config:
     sample: SampleConfig = field(default_factory=SampleConfig)
     diagnostics: DiagnosticsConfig = field(default_factory=DiagnosticsConfig)
     eval: EvalConfig = field(default_factory=EvalConfig)
+    t2i: T2IConfig = field(default_factory=T2IConfig)
 
     @property
     def run_dir(self) -> Path:
@@ -324,7 +336,7 @@ def _positive(key: str, value: float, allow_zero: bool = False) -> None:
 
 
 MODEL_TYPES = ("uvit", "unet", "diffusers_unet2d")
-DATASETS = ("mnist", "cifar10", "celeba64", "imagenet64", "folder")
+DATASETS = ("mnist", "cifar10", "celeba64", "imagenet64", "folder", "coco_latents")
 MIXED_PRECISION = ("no", "fp16", "bf16")
 LR_SCHEDULES = ("constant", "cosine")
 SCHEDULES = ("vpsde", "ddpm")
@@ -359,6 +371,15 @@ def validate(cfg: Config) -> None:
     if m.type == "diffusers_unet2d":
         _validate_diffusers_unet2d(m.diffusers_unet2d)
     _choice("data.name", cfg.data.name, DATASETS)
+    if not 0 <= cfg.t2i.caption_dropout < 1:
+        raise ScaleLongError(f"t2i.caption_dropout must lie in [0, 1), got {cfg.t2i.caption_dropout}")
+    _positive("t2i.latent_scale", cfg.t2i.latent_scale)
+    _positive("t2i.guidance_scale", cfg.t2i.guidance_scale, allow_zero=True)
+    if cfg.data.name == "coco_latents" and (m.type != "uvit" or m.uvit.context_dim <= 0):
+        raise ScaleLongError(
+            "data.name=coco_latents trains a text-conditioned U-ViT: set model.type=uvit and "
+            "model.uvit.context_dim to the text encoder's width (768 for CLIP ViT-L/14)"
+        )
     _positive("data.num_workers", cfg.data.num_workers, allow_zero=True)
     d = cfg.diffusion
     _choice("diffusion.schedule", d.schedule, SCHEDULES)

@@ -422,6 +422,14 @@ def load_dataset(name: str, path: str | None = None, split: str = "train", resol
         return load_imagenet64(path, split, resolution)
     if name == "folder":
         return load_folder(path, resolution)
+    if name == "coco_latents":
+        from scalelong.t2i import LatentCaptions
+
+        if not path:
+            raise ScaleLongError("data.name=coco_latents needs data.path: a folder made by `scalelong extract-features`")
+        ds = LatentCaptions(path)
+        ds.description = f"MS-COCO latents at {path}: {len(ds.latents):,} images, {len(ds):,} captions"
+        return ds
     raise ScaleLongError(f"data.name={name!r} is not supported")
 
 

@@ -255,14 +255,6 @@ class LatentCaptions(Dataset):
         return self.latents[self.image_index[i]], self.context[i].float()
 
 
-def caption_dropout(
-    context: torch.Tensor, null_context: torch.Tensor, p: float, generator: torch.Generator | None = None
-) -> torch.Tensor:
-    """Replace each caption by the empty caption with probability ``p`` (trains the unconditional model)."""
-    drop = (torch.rand(len(context), generator=generator) < p).to(context.device)
-    return torch.where(drop[:, None, None], null_context.to(context), context)
-
-
 def guided_eps_fn(net, schedule, scale: float, cond: dict, uncond: dict):
     """Classifier-free guidance (Ho & Salimans 2022): eps_u + scale (eps_c - eps_u).
 
@@ -281,3 +273,27 @@ def guided_eps_fn(net, schedule, scale: float, cond: dict, uncond: dict):
         return eps_u + scale * (eps_c - eps_u)
 
     return eps_fn
+
+
+@torch.no_grad()
+def generate_from_context(
+    net,
+    schedule,
+    sampler: str,
+    steps: int,
+    seeds: Sequence[int],
+    context: torch.Tensor,
+    null_context: torch.Tensor,
+    guidance_scale: float,
+    latent_shape: Sequence[int],
+    device: torch.device | str = "cpu",
+) -> torch.Tensor:
+    """Latents for caption embeddings ``context`` (B, 77, D), one seed per sample, with guidance."""
+    from scalelong.sampling import get_sampler, randn
+
+    gens = [torch.Generator().manual_seed(int(s)) for s in seeds]
+    x = randn((len(gens), *latent_shape), gens, device)
+    cond = {"context": context.to(device)}
+    uncond = {"context": null_context.to(device).expand_as(cond["context"])}
+    eps_fn = guided_eps_fn(net, schedule, guidance_scale, cond, uncond)
+    return get_sampler(sampler)(eps_fn, schedule, x, steps, gens)

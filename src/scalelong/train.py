@@ -180,6 +180,10 @@ class Trainer:
             Diagnostics(self.unwrapped, d.every, d.window, d.spike_factor).attach() if d.every > 0 else None
         )
         self.diag_metrics: dict = {}
+        # Text data: captions replaced by the empty caption at this rate (classifier-free guidance).
+        self.null_context = getattr(self.dataset, "null_context", None)
+        self.caption_dropout = cfg.t2i.caption_dropout if self.null_context is not None else 0.0
+        self.drop_captions: torch.Tensor | None = None
 
     def lr_at(self, step: int) -> float:
         """Learning rate of the update that follows ``step`` completed steps."""
@@ -225,6 +229,8 @@ class Trainer:
         noise = torch.randn((n, *local_shape[1:]), generator=g)
         k = local_shape[0]
         lo = self.acc.process_index * k
+        if self.caption_dropout > 0:  # drawn only for text data, so other runs keep their streams
+            self.drop_captions = (torch.rand(n, generator=g) < self.caption_dropout)[lo : lo + k]
         return flip[lo : lo + k], t[lo : lo + k], noise[lo : lo + k]
 
     # --- one step
@@ -244,7 +250,11 @@ class Trainer:
             x0 = torch.where(flip.to(dev)[:, None, None, None], x0.flip(-1), x0)
         t, noise = t.to(dev), noise.to(dev)
         diagnose = self.diagnostics is not None and self.diagnostics.active_for(self.step + 1)
-        cond = conditioning(self.unwrapped, labels.to(dev))
+        labels = labels.to(dev)
+        if self.drop_captions is not None:
+            null = self.null_context.to(dev, labels.dtype)
+            labels = torch.where(self.drop_captions.to(dev)[:, None, None], null, labels)
+        cond = conditioning(self.unwrapped, labels)
         pred = self.model(add_noise(self.schedule, x0, t, noise), self.schedule.model_time(t), **cond)
         # the loss of diffusion.training_loss, with t and noise drawn for the global batch above
         loss = (pred.float() - noise.float()).square().mean()
