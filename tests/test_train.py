@@ -52,3 +52,18 @@ def test_diagnostics_off_logs_no_skip_statistics(tmp_path):
     result = train(load_config("configs/demo.yaml", overrides), progress=False)
     text = (result.run_dir / "metrics.jsonl").read_text()
     assert "skip/" not in text and "feature_norm" not in text
+
+
+def test_evaluation_during_training_and_final_rescore_of_the_best_step(tmp_path):
+    overrides = tiny_uvit_overrides("eval", tmp_path, steps=10) + [
+        "eval.every=5", "eval.num_samples=20", "eval.steps=3", "eval.batch_size=10",
+        "eval.final_num_samples=30", "train.checkpoint_every=5",
+    ]
+    result = train(load_config("configs/demo.yaml", overrides), progress=False)
+    records = [json.loads(line) for line in (result.run_dir / "metrics.jsonl").read_text().splitlines()]
+    fds = {r["step"]: r["fd"] for r in records if "fd" in r}
+    assert sorted(fds) == [5, 10] and all(v > 0 for v in fds.values())
+    summary = json.loads((result.run_dir / "summary.json").read_text())
+    best = summary["best"]
+    assert best["best_step"] == min(fds, key=fds.get)
+    assert best["fd_samples"] == 30 and best["fd_at_eval"] == fds[best["best_step"]]

@@ -184,6 +184,12 @@ class Trainer:
         self.null_context = getattr(self.dataset, "null_context", None)
         self.caption_dropout = cfg.t2i.caption_dropout if self.null_context is not None else 0.0
         self.drop_captions: torch.Tensor | None = None
+        self.evaluator = None
+        if cfg.eval.every > 0 and accelerator.is_main_process:
+            from scalelong.evaluation import TrainingEvaluator
+
+            # Built now so a bad reference path fails before any training.
+            self.evaluator = TrainingEvaluator(cfg, run_dir, accelerator.device)
 
     def lr_at(self, step: int) -> float:
         """Learning rate of the update that follows ``step`` completed steps."""
@@ -421,6 +427,8 @@ class Trainer:
                     self._log(tracker, step, window, gnorm, img_s, {})
                     raise self._stopped(step)
                 extra, self.diag_metrics = self.diag_metrics, {}
+                if self.evaluator is not None and self.evaluator.due(step):
+                    extra.update(self.evaluator(step, self.ema))
                 for hook in self.metric_hooks:
                     extra.update(hook(step, self))
                 if step % t.log_every == 0 or step == t.steps:
@@ -586,16 +594,21 @@ def train(
             if tracker is not None:
                 tracker.close()
         if accelerator.is_main_process:
-            (run_dir / "summary.json").write_text(
-                json.dumps(
-                    {
-                        "final_loss": result.final_loss,
-                        "steps": trainer.step,
-                        "nonfinite_steps": trainer.nonfinite_total,
-                    },
-                    indent=1,
-                )
-            )
+            summary = {
+                "final_loss": result.final_loss,
+                "steps": trainer.step,
+                "nonfinite_steps": trainer.nonfinite_total,
+            }
+            if trainer.evaluator is not None:  # the recipe: re-score the best step with more samples
+                final = trainer.evaluator.finalize()
+                if final is not None:
+                    summary["best"] = final
+                    print(
+                        f"best step {final['best_step']}: {final['fd_metric']} {final['fd']:.4g} "
+                        f"on {final['fd_samples']} samples"
+                    )
+            # summary.json is written last: its presence marks a finished run.
+            (run_dir / "summary.json").write_text(json.dumps(summary, indent=1))
         accelerator.wait_for_everyone()
         return result
     finally:
