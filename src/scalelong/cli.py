@@ -1,4 +1,5 @@
-"""Command line: ``scalelong train | info``.
+"""Command line: ``scalelong train | info | sample | eval | fid-stats | compare | analyze |
+extract-features``.
 
 Every mistake a user can make (config, data, checkpoint, arguments) ends in one line on stderr
 and exit code 2, never a traceback.
@@ -9,6 +10,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+from pathlib import Path
 
 from scalelong.errors import ScaleLongError
 
@@ -227,7 +229,107 @@ def build_parser() -> argparse.ArgumentParser:
     _add_config_args(p)
     p.set_defaults(func=cmd_info)
     _add_sampling_commands(sub)
+    _add_study_commands(sub)
+    _add_t2i_commands(sub)
     return parser
+
+
+def cmd_compare(args: argparse.Namespace) -> int:
+    from scalelong.compare import parse_methods, run_comparison
+    from scalelong.config import load_config
+
+    methods = parse_methods(args.methods)
+    overrides = list(args.overrides) + ([f"train.steps={args.steps}"] if args.steps else [])
+    cfg = load_config(args.config, overrides)
+    if args.seeds < 1:
+        raise ScaleLongError(f"--seeds must be >= 1, got {args.seeds}")
+    report_dir = cfg.run_dir if args.out is None else Path(args.out)
+    report, table = run_comparison(cfg, methods, args.seeds, report_dir, progress=not args.no_progress)
+    print(f"\n{table}\n")
+    print(f"report: {report}")
+    print(f"        {report.with_suffix('.html')}")
+    return 0
+
+
+def cmd_analyze(args: argparse.Namespace) -> int:
+    from scalelong.report import load_metrics, write_plots
+
+    run_dir = Path(args.run_dir)
+    records = load_metrics(run_dir)
+    out = Path(args.out) if args.out else run_dir / "report"
+    paths = write_plots({run_dir.name: records}, out)
+    for path in paths:
+        print(path)
+    return 0
+
+
+def _add_study_commands(sub) -> None:
+    p = sub.add_parser(
+        "compare",
+        help="train several skip methods side by side and write one report",
+        description="Train each method from the same seed, data order and noise, then write report.md, "
+        "PNG plots and a self-contained report.html into <out_dir>/<name> (or --out). Finished runs "
+        "are reused, so re-running the same command resumes.",
+    )
+    _add_config_args(p)
+    p.add_argument("--methods", default="none,sqrt2,cs,ls", help="comma-separated; the first is the baseline")
+    p.add_argument("--steps", type=int, default=0, help="training steps per run (default: the config's)")
+    p.add_argument("--seeds", type=int, default=1, help="seeds per method, from train.seed on")
+    p.add_argument("--out", default=None, help="report folder (default: <out_dir>/<name>)")
+    p.add_argument("--no-progress", action="store_true", help="no progress bars")
+    p.set_defaults(func=cmd_compare)
+
+    p = sub.add_parser(
+        "analyze", help="plots of one run", description="Draw the comparison plots for one existing run."
+    )
+    p.add_argument("run_dir", help="a run directory holding metrics.jsonl")
+    p.add_argument("--out", default=None, help="plot folder (default: RUN_DIR/report)")
+    p.set_defaults(func=cmd_analyze)
+
+
+def cmd_extract_features(args: argparse.Namespace) -> int:
+    import torch
+
+    from scalelong.t2i import extract_features, load_autoencoder, load_text_encoder
+
+    device = args.device if args.device != "auto" else ("cuda" if torch.cuda.is_available() else "cpu")
+    tokenizer, text_encoder = load_text_encoder(args.text_encoder)
+    autoencoder = load_autoencoder(args.autoencoder)
+    meta = extract_features(
+        Path(args.images),
+        Path(args.captions),
+        Path(args.out),
+        autoencoder,
+        tokenizer,
+        text_encoder,
+        resolution=args.resolution,
+        shard_size=args.shard_size,
+        batch_size=args.batch_size,
+        device=device,
+    )
+    print(f"{meta['images']:,} images, {meta['captions']:,} captions in {meta['shards']} shards: {args.out}")
+    return 0
+
+
+def _add_t2i_commands(sub) -> None:
+    from scalelong.config import T2IConfig
+
+    p = sub.add_parser(
+        "extract-features",
+        help="encode an MS-COCO-style folder into latent + caption shards",
+        description="Centre-crop images, encode them with the Stable Diffusion autoencoder and their "
+        "captions with CLIP, into safetensors shards for data.name=coco_latents. Resumable.",
+    )
+    p.add_argument("images", help="image folder, e.g. COCO/train2014")
+    p.add_argument("captions", help="MS-COCO captions JSON, e.g. annotations/captions_train2014.json")
+    p.add_argument("--out", required=True, help="feature folder to write")
+    p.add_argument("--autoencoder", default=T2IConfig.autoencoder, help="hub id or local folder")
+    p.add_argument("--text-encoder", default=T2IConfig.text_encoder, help="hub id or local folder")
+    p.add_argument("--resolution", type=int, default=256)
+    p.add_argument("--shard-size", type=int, default=1024)
+    p.add_argument("--batch-size", type=int, default=16)
+    p.add_argument("--device", default="auto")
+    p.set_defaults(func=cmd_extract_features)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -68,11 +68,11 @@ def mean_ci(values: Sequence[float]) -> tuple[float, float]:
     return statistics.fmean(xs), t * statistics.stdev(xs) / math.sqrt(len(xs))
 
 
-def fmt_ci(values: Sequence[float], digits: int = 3) -> str:
+def fmt_ci(values: Sequence[float], digits: int = 3, unit: str = "") -> str:
     mean, half = mean_ci(values)
     if math.isnan(mean):
         return "n/a"
-    return f"{mean:.{digits}g}" if math.isnan(half) else f"{mean:.{digits}g} ± {half:.2g}"
+    return f"{mean:.{digits}g}{unit}" + ("" if math.isnan(half) else f" ± {half:.2g}")
 
 
 def average_records(runs: Sequence[Records]) -> list[dict]:
@@ -138,8 +138,8 @@ def summary_table(summaries: Sequence[MethodSummary], baseline: str) -> str:
     """Markdown table of the comparison (mean ± 95% interval over seeds)."""
     n = len(summaries[0].final_fd)
     lines = [
-        f"| method | final FD | final loss | feature-norm osc. std | loss spikes | steps to {baseline}'s final FD "
-        "| speed-up vs " + baseline + " |",
+        "| method | final FD | final loss | feature-norm osc. std | loss spikes "
+        f"| steps to {baseline}'s final FD | speed-up vs {baseline} |",
         "|---|---|---|---|---|---|---|",
     ]
     for s in summaries:
@@ -152,7 +152,7 @@ def summary_table(summaries: Sequence[MethodSummary], baseline: str) -> str:
         speed = [x for x in s.speedup if x is not None]
         lines.append(
             f"| {s.method} | {fmt_ci(s.final_fd)} | {fmt_ci(s.final_loss)} | {fmt_ci(s.feature_osc_std)} "
-            f"| {fmt_ci(s.spikes)} | {steps} | {fmt_ci(speed) + 'x' if speed else 'n/a'} |"
+            f"| {fmt_ci(s.spikes)} | {steps} | {fmt_ci(speed, unit='x') if speed else 'n/a'} |"
         )
     return "\n".join(lines)
 
@@ -178,8 +178,10 @@ def parse_methods(text: str) -> list[str]:
 
 def run_comparison(
     base: Config, methods: Sequence[str], seeds: int, report_dir: Path, progress: bool = True
-) -> Path:
-    """Train every method for every seed (reusing finished runs) and write the report; returns report.md."""
+) -> tuple[Path, str]:
+    """Train every method for every seed (reusing finished runs) and write the report.
+
+    Returns the path of report.md and the summary table (markdown)."""
     from scalelong.train import train
 
     runs_dir = report_dir / "runs"
@@ -195,7 +197,8 @@ def run_comparison(
 
 def _embed(path: Path) -> str:
     data = base64.b64encode(path.read_bytes()).decode()
-    return f'<figure><img src="data:image/png;base64,{data}" alt="{path.stem}"><figcaption>{path.stem}</figcaption></figure>'
+    img = f'<img src="data:image/png;base64,{data}" alt="{path.stem}">'
+    return f"<figure>{img}<figcaption>{path.stem}</figcaption></figure>"
 
 
 def write_report(
@@ -236,4 +239,4 @@ def write_report(
         + "".join(_embed(p) for p in plots)
     )
     (report_dir / "report.html").write_text(html)
-    return report_dir / "report.md"
+    return report_dir / "report.md", table

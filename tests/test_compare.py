@@ -1,0 +1,75 @@
+import math
+import subprocess
+import sys
+
+import pytest
+
+from conftest import tiny_uvit_overrides
+from scalelong.compare import mean_ci, parse_methods, summarise, summary_table
+from scalelong.errors import ScaleLongError
+
+
+def fd_curve(steps_to_values):
+    return [{"step": s, "fd": v, "loss": 1.0} for s, v in steps_to_values]
+
+
+def test_summary_pairs_speedups_by_seed_with_known_answer():
+    runs = {
+        # baseline reaches its final FD (10) at step 400 in both seeds
+        "none": [fd_curve([(100, 40), (200, 20), (300, 12), (400, 10)]),
+                 fd_curve([(100, 50), (200, 30), (300, 15), (400, 10)])],
+        # cs gets there at 200 in seed 0 and 300 in seed 1: speed-ups 2.0 and 1.333
+        "cs": [fd_curve([(100, 30), (200, 9), (300, 8), (400, 7)]),
+               fd_curve([(100, 35), (200, 14), (300, 10), (400, 9)])],
+        # sqrt2 never reaches 10
+        "sqrt2": [fd_curve([(100, 60), (200, 40), (300, 30), (400, 20)])] * 2,
+    }
+    by_method = {s.method: s for s in summarise(runs, "none")}
+    assert by_method["none"].steps_to_target == [400, 400]
+    assert by_method["cs"].steps_to_target == [200, 300]
+    assert by_method["cs"].speedup == pytest.approx([2.0, 4 / 3])
+    assert by_method["sqrt2"].steps_to_target == [None, None]
+    table = summary_table(list(by_method.values()), "none")
+    assert "| cs | 8 ± " in table and "250 (2/2 seeds)" in table and "not reached (0/2)" in table
+
+
+def test_mean_ci_matches_the_t_interval():
+    mean, half = mean_ci([1.0, 2.0, 3.0, 4.0, 5.0])
+    assert mean == 3.0
+    assert half == pytest.approx(2.776 * math.sqrt(2.5) / math.sqrt(5))
+    assert math.isnan(mean_ci([7.0])[1])
+
+
+def test_parse_methods_rejects_unknown_and_repeated():
+    assert parse_methods("none, cs,ls") == ["none", "cs", "ls"]
+    with pytest.raises(ScaleLongError, match="choose from"):
+        parse_methods("none,foo")
+    with pytest.raises(ScaleLongError, match="twice"):
+        parse_methods("cs,cs")
+
+
+def test_compare_command_writes_every_plot_and_the_table(tmp_path):
+    overrides = tiny_uvit_overrides("cmp", tmp_path, steps=6, method="none") + [
+        "model.uvit.depth=4", "diagnostics.every=2", "eval.every=3", "eval.num_samples=16", "eval.steps=2",
+        "eval.batch_size=16", "eval.final_num_samples=0", "train.checkpoint_every=3",
+    ]
+    proc = subprocess.run(
+        [sys.executable, "-m", "scalelong.cli", "compare", "configs/demo.yaml", "--methods", "none,cs,ls",
+         "--no-progress", *overrides],
+        capture_output=True, text=True, timeout=600,
+    )
+    assert proc.returncode == 0, proc.stderr
+    report = tmp_path / "cmp"
+    for name in ("report.md", "report.html", "loss.png", "feature_norm.png", "grad_oscillation.png", "fd.png",
+                 "coefficients_ls.png"):
+        assert (report / name).is_file(), name
+    rows = [line for line in proc.stdout.splitlines() if line.startswith("| ")]
+    assert [r.split("|")[1].strip() for r in rows[1:]] == ["none", "cs", "ls"]
+    assert "data:image/png;base64," in (report / "report.html").read_text()
+    # a second call reuses the finished runs instead of training again
+    again = subprocess.run(
+        [sys.executable, "-m", "scalelong.cli", "compare", "configs/demo.yaml", "--methods", "none,cs,ls",
+         "--no-progress", *overrides],
+        capture_output=True, text=True, timeout=600,
+    )
+    assert again.returncode == 0 and "parameters" not in again.stdout
