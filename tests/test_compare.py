@@ -16,11 +16,15 @@ def fd_curve(steps_to_values):
 def test_summary_pairs_speedups_by_seed_with_known_answer():
     runs = {
         # baseline reaches its final FD (10) at step 400 in both seeds
-        "none": [fd_curve([(100, 40), (200, 20), (300, 12), (400, 10)]),
-                 fd_curve([(100, 50), (200, 30), (300, 15), (400, 10)])],
+        "none": [
+            fd_curve([(100, 40), (200, 20), (300, 12), (400, 10)]),
+            fd_curve([(100, 50), (200, 30), (300, 15), (400, 10)]),
+        ],
         # cs gets there at 200 in seed 0 and 300 in seed 1: speed-ups 2.0 and 1.333
-        "cs": [fd_curve([(100, 30), (200, 9), (300, 8), (400, 7)]),
-               fd_curve([(100, 35), (200, 14), (300, 10), (400, 9)])],
+        "cs": [
+            fd_curve([(100, 30), (200, 9), (300, 8), (400, 7)]),
+            fd_curve([(100, 35), (200, 14), (300, 10), (400, 9)]),
+        ],
         # sqrt2 never reaches 10
         "sqrt2": [fd_curve([(100, 60), (200, 40), (300, 30), (400, 20)])] * 2,
     }
@@ -50,26 +54,61 @@ def test_parse_methods_rejects_unknown_and_repeated():
 
 def test_compare_command_writes_every_plot_and_the_table(tmp_path):
     overrides = tiny_uvit_overrides("cmp", tmp_path, steps=6, method="none") + [
-        "model.uvit.depth=4", "diagnostics.every=2", "eval.every=3", "eval.num_samples=16", "eval.steps=2",
-        "eval.batch_size=16", "eval.final_num_samples=0", "train.checkpoint_every=3",
+        "model.uvit.depth=4",
+        "diagnostics.every=2",
+        "eval.every=3",
+        "eval.num_samples=16",
+        "eval.steps=2",
+        "eval.batch_size=16",
+        "eval.final_num_samples=0",
+        "train.checkpoint_every=3",
     ]
     proc = subprocess.run(
-        [sys.executable, "-m", "scalelong.cli", "compare", "configs/demo.yaml", "--methods", "none,cs,ls",
-         "--no-progress", *overrides],
-        capture_output=True, text=True, timeout=600,
+        [
+            sys.executable,
+            "-m",
+            "scalelong.cli",
+            "compare",
+            "configs/demo.yaml",
+            "--methods",
+            "none,cs,ls",
+            "--no-progress",
+            *overrides,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
     )
     assert proc.returncode == 0, proc.stderr
     report = tmp_path / "cmp"
-    for name in ("report.md", "report.html", "loss.png", "feature_norm.png", "grad_oscillation.png", "fd.png",
-                 "coefficients_ls.png"):
+    for name in (
+        "report.md",
+        "report.html",
+        "loss.png",
+        "feature_norm.png",
+        "grad_oscillation.png",
+        "fd.png",
+        "coefficients_ls.png",
+    ):
         assert (report / name).is_file(), name
     rows = [line for line in proc.stdout.splitlines() if line.startswith("| ")]
     assert [r.split("|")[1].strip() for r in rows[1:]] == ["none", "cs", "ls"]
     assert "data:image/png;base64," in (report / "report.html").read_text()
     # a second call reuses the finished runs instead of training again
     again = subprocess.run(
-        [sys.executable, "-m", "scalelong.cli", "compare", "configs/demo.yaml", "--methods", "none,cs,ls",
-         "--no-progress", *overrides],
-        capture_output=True, text=True, timeout=600,
+        [
+            sys.executable,
+            "-m",
+            "scalelong.cli",
+            "compare",
+            "configs/demo.yaml",
+            "--methods",
+            "none,cs,ls",
+            "--no-progress",
+            *overrides,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
     )
     assert again.returncode == 0 and "parameters" not in again.stdout

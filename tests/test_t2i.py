@@ -100,10 +100,22 @@ def test_extract_train_and_sample_from_prompts_with_guidance(tmp_path):
     vae = tiny_autoencoder()
     extract_features(images, captions, tmp_path / "feat", vae, tokenizer, text, resolution=64, progress=False)
     overrides = [
-        f"out_dir={tmp_path}", "name=t2i", f"data.path={tmp_path / 'feat'}", "train.mixed_precision=no",
-        "model.uvit.img_size=8", "model.uvit.embed_dim=32", "model.uvit.depth=2", "model.uvit.num_heads=2",
-        "model.uvit.context_dim=32", "model.skip.method=ls", "train.steps=5", "train.batch_size=4",
-        "train.log_every=1", "train.checkpoint_every=0", "optim.warmup_steps=1", "diagnostics.every=0",
+        f"out_dir={tmp_path}",
+        "name=t2i",
+        f"data.path={tmp_path / 'feat'}",
+        "train.mixed_precision=no",
+        "model.uvit.img_size=8",
+        "model.uvit.embed_dim=32",
+        "model.uvit.depth=2",
+        "model.uvit.num_heads=2",
+        "model.uvit.context_dim=32",
+        "model.skip.method=ls",
+        "train.steps=5",
+        "train.batch_size=4",
+        "train.log_every=1",
+        "train.checkpoint_every=0",
+        "optim.warmup_steps=1",
+        "diagnostics.every=0",
     ]
     cfg = load_config("configs/mscoco_uvit_s2_t2i.yaml", overrides)
     result = train(cfg, progress=False)
@@ -117,8 +129,17 @@ def test_extract_train_and_sample_from_prompts_with_guidance(tmp_path):
     net.load_state_dict(load_file(result.checkpoint / "ema.safetensors"))
     context = encode_prompts(["a photo number 1", "a cat"], tokenizer, text)
     null = LatentCaptions(tmp_path / "feat").null_context
-    latents = generate_from_context(net, build_schedule(cfg.diffusion), "dpm_solver_pp", 5, [0, 1], context, null,
-                                    guidance_scale=3.0, latent_shape=(4, 8, 8))
+    latents = generate_from_context(
+        net,
+        build_schedule(cfg.diffusion),
+        "dpm_solver_pp",
+        5,
+        [0, 1],
+        context,
+        null,
+        guidance_scale=3.0,
+        latent_shape=(4, 8, 8),
+    )
     pixels = decode_latents(latents, vae)
     assert pixels.shape == (2, 3, 64, 64) and torch.isfinite(pixels).all()
     assert pixels.min() >= -1 and pixels.max() <= 1

@@ -56,8 +56,12 @@ def test_diagnostics_off_logs_no_skip_statistics(tmp_path):
 
 def test_evaluation_during_training_and_final_rescore_of_the_best_step(tmp_path):
     overrides = tiny_uvit_overrides("eval", tmp_path, steps=10) + [
-        "eval.every=5", "eval.num_samples=20", "eval.steps=3", "eval.batch_size=10",
-        "eval.final_num_samples=30", "train.checkpoint_every=5",
+        "eval.every=5",
+        "eval.num_samples=20",
+        "eval.steps=3",
+        "eval.batch_size=10",
+        "eval.final_num_samples=30",
+        "train.checkpoint_every=5",
     ]
     result = train(load_config("configs/demo.yaml", overrides), progress=False)
     records = [json.loads(line) for line in (result.run_dir / "metrics.jsonl").read_text().splitlines()]

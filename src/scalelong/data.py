@@ -426,7 +426,9 @@ def load_dataset(name: str, path: str | None = None, split: str = "train", resol
         from scalelong.t2i import LatentCaptions
 
         if not path:
-            raise ScaleLongError("data.name=coco_latents needs data.path: a folder made by `scalelong extract-features`")
+            raise ScaleLongError(
+                "data.name=coco_latents needs data.path: a folder made by `scalelong extract-features`"
+            )
         ds = LatentCaptions(path)
         ds.description = f"MS-COCO latents at {path}: {len(ds.latents):,} images, {len(ds):,} captions"
         return ds
