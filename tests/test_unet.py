@@ -143,6 +143,8 @@ def test_train_tiny_unet_from_config(tmp_path):
         "name=unet",
         "model.skip.method=ls",
         "model.unet.in_channels=1",
+        "data.name=mnist",
+        "train.checkpoint_every=0",
         "model.unet.base_channels=16",
         "model.unet.channel_mult=[1,2]",
         "model.unet.num_res_blocks=1",

@@ -39,6 +39,7 @@ RESUME_FREE_KEYS = (
     "out_dir",
     "train.steps",
     "train.log_every",
+    "train.compile",
     "train.checkpoint_every",
     "train.keep_checkpoints",
     "train.tensorboard",

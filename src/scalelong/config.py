@@ -127,6 +127,7 @@ class TrainConfig:
     log_every: int = 10
     device: str = "auto"  # auto | cpu | cuda
     mixed_precision: str | bool = "no"  # no | fp16 (loss scaling, GPU only) | bf16; YAML reads no as false
+    compile: bool = False  # torch.compile the training forward (diagnostic steps run eager); see benchmarks
     grad_clip: float = 0.0  # clip the global gradient norm to this; 0: off (the recipe)
     max_nonfinite_steps: int = 20  # stop the run after this many non-finite steps in a row
     checkpoint_every: int = 0  # steps between checkpoints; 0: only at the end

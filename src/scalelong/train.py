@@ -168,6 +168,11 @@ class Trainer:
             model.parameters(), lr=o.lr, betas=tuple(o.betas), eps=o.eps, weight_decay=o.weight_decay
         )
         self.model, self.optimizer = accelerator.prepare(model, optimizer)
+        # train.compile: a compiled view of the prepared model, used for the training forward only.
+        # It shares the parameters; state_dict, EMA (copied above), checkpoints and sampling keep
+        # using the eager module, and diagnostic steps run eager so their hooks and the skip probe
+        # never cause a recompile (benchmarks/fast_paths.py measures compile time and speed).
+        self.compiled = torch.compile(self.model) if cfg.train.compile else None
         self.params = [p for p in self.model.parameters() if p.requires_grad]
         # One generator for the whole global batch, advanced alike on every process.
         self.noise_gen = torch.Generator().manual_seed(cfg.train.seed)
@@ -261,7 +266,8 @@ class Trainer:
             null = self.null_context.to(dev, labels.dtype)
             labels = torch.where(self.drop_captions.to(dev)[:, None, None], null, labels)
         cond = conditioning(self.unwrapped, labels)
-        pred = self.model(add_noise(self.schedule, x0, t, noise), self.schedule.model_time(t), **cond)
+        net = self.model if self.compiled is None or diagnose else self.compiled
+        pred = net(add_noise(self.schedule, x0, t, noise), self.schedule.model_time(t), **cond)
         # the loss of diffusion.training_loss, with t and noise drawn for the global batch above
         loss = (pred.float() - noise.float()).square().mean()
         if self.step + 1 in self.cfg.train.debug_nan_steps:
