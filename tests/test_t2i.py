@@ -89,17 +89,48 @@ def test_guidance_scale_one_and_zero_are_exact():
     torch.testing.assert_close(mixed, eps_u + 3.0 * (eps_c - eps_u), atol=1e-5, rtol=1e-5)
 
 
-def test_extract_train_and_sample_from_prompts_with_guidance(tmp_path):
-    from scalelong.build import build_schedule
-    from scalelong.config import load_config
-    from scalelong.t2i import decode_latents, encode_prompts, generate_from_context
-    from scalelong.train import train
+def test_cli_extract_train_and_sample_from_prompts_with_guidance(tmp_path):
+    """The whole path through the command line, offline, with tiny encoders saved as local folders."""
+    import subprocess
+    import sys
 
     images, captions = fake_coco(tmp_path)
     tokenizer, text = tiny_text_encoder(tmp_path)
-    vae = tiny_autoencoder()
-    extract_features(images, captions, tmp_path / "feat", vae, tokenizer, text, resolution=64, progress=False)
-    overrides = [
+    tokenizer.save_pretrained(tmp_path / "clip")
+    text.save_pretrained(tmp_path / "clip")
+    tiny_autoencoder().save_pretrained(tmp_path / "vae")
+    encoders = [f"--text-encoder={tmp_path / 'clip'}", f"--autoencoder={tmp_path / 'vae'}"]
+
+    def cli(*args):
+        proc = subprocess.run(
+            [sys.executable, "-m", "scalelong.cli", *args], capture_output=True, text=True, timeout=600
+        )
+        assert proc.returncode == 0, proc.stderr
+        return proc.stdout
+
+    cli(
+        "extract-features",
+        str(images),
+        str(captions),
+        "--out",
+        str(tmp_path / "feat"),
+        "--resolution=64",
+        "--device=cpu",
+        *encoders,
+    )
+    assert "4 images, 8 captions in 1 shards" in cli(
+        "extract-features",
+        str(images),
+        str(captions),
+        "--out",
+        str(tmp_path / "feat"),
+        "--resolution=64",
+        *encoders,
+    )
+    cli(
+        "train",
+        "configs/mscoco_uvit_s2_t2i.yaml",
+        "--no-progress",
         f"out_dir={tmp_path}",
         "name=t2i",
         f"data.path={tmp_path / 'feat'}",
@@ -116,30 +147,38 @@ def test_extract_train_and_sample_from_prompts_with_guidance(tmp_path):
         "train.checkpoint_every=0",
         "optim.warmup_steps=1",
         "diagnostics.every=0",
-    ]
-    cfg = load_config("configs/mscoco_uvit_s2_t2i.yaml", overrides)
-    result = train(cfg, progress=False)
-    assert result.checkpoint.is_dir() and result.final_loss == result.final_loss  # finite
-
-    from safetensors.torch import load_file
-
-    from scalelong.build import build_model
-
-    net = build_model(cfg.model).eval()
-    net.load_state_dict(load_file(result.checkpoint / "ema.safetensors"))
-    context = encode_prompts(["a photo number 1", "a cat"], tokenizer, text)
-    null = LatentCaptions(tmp_path / "feat").null_context
-    latents = generate_from_context(
-        net,
-        build_schedule(cfg.diffusion),
-        "dpm_solver_pp",
-        5,
-        [0, 1],
-        context,
-        null,
-        guidance_scale=3.0,
-        latent_shape=(4, 8, 8),
     )
-    pixels = decode_latents(latents, vae)
-    assert pixels.shape == (2, 3, 64, 64) and torch.isfinite(pixels).all()
-    assert pixels.min() >= -1 and pixels.max() <= 1
+    out = cli(
+        "sample",
+        str(tmp_path / "t2i"),
+        "--n=2",
+        "--steps=5",
+        f"--out={tmp_path / 'img'}",
+        "--prompt=a photo number 1",
+        "--prompt=a cat",
+        "--guidance-scale=3",
+        "--device=cpu",
+        "--no-progress",
+        *encoders,
+    )
+    assert "2 images (2 new)" in out
+    from PIL import Image
+
+    assert Image.open(tmp_path / "img" / "000001.png").size == (64, 64)
+    assert (tmp_path / "img" / "prompts.txt").read_text().splitlines() == ["a photo number 1", "a cat"]
+    # a text-to-image run without prompts: one clear line, exit 2
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "scalelong.cli",
+            "sample",
+            str(tmp_path / "t2i"),
+            "--n=1",
+            f"--out={tmp_path / 'x'}",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert proc.returncode == 2 and "pass --prompt" in proc.stderr and "Traceback" not in proc.stderr

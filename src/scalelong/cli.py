@@ -88,6 +88,18 @@ def _print_info(cfg, dry_run: bool = False) -> int:
 def cmd_sample(args: argparse.Namespace) -> int:
     from scalelong.evaluation import resolve_device, sample_to_dir
 
+    if args.prompt or args.prompts_file:  # a text-to-image run: prompts, guidance, the autoencoder
+        from scalelong.t2i import read_prompts, sample_prompts_to_dir
+
+        r = sample_prompts_to_dir(
+            args.run_dir, args.out, read_prompts(args.prompt, args.prompts_file), args.n,
+            sampler=args.sampler, steps=args.steps, seed=args.seed, batch_size=args.batch_size,
+            guidance_scale=args.guidance_scale, step=args.step, weights=args.weights,
+            text_encoder=args.text_encoder, autoencoder=args.autoencoder,
+            device=resolve_device(args.device), progress=not args.no_progress,
+        )  # fmt: skip
+        print(f"{r['total']} images ({r['drawn']} new) from {r['checkpoint']} in {r['out']}")
+        return 0
     r = sample_to_dir(
         args.run_dir, args.out, args.n, args.sampler, args.steps, args.seed, args.batch_size, args.label,
         args.step, args.weights, resolve_device(args.device), not args.no_progress,
@@ -154,6 +166,13 @@ def _add_sampling_commands(sub) -> None:
     p.add_argument("--seed", type=int, default=0, help="image i is drawn from seed + i")
     p.add_argument("--label", type=int, help="class of every image (class-conditional runs); default: cycle")
     p.add_argument("--weights", default="ema", choices=("ema", "model"), help="EMA (default) or raw weights")
+    p.add_argument("--prompt", action="append", help="text-to-image runs: a caption (repeatable)")
+    p.add_argument("--prompts-file", help="text-to-image runs: captions, one per line")
+    p.add_argument(
+        "--guidance-scale", type=float, help="classifier-free guidance; default: the run's t2i config"
+    )
+    p.add_argument("--text-encoder", help="hub id or local folder; default: the run's t2i config")
+    p.add_argument("--autoencoder", help="hub id or local folder; default: the run's t2i config")
     common(p)
     p.set_defaults(func=cmd_sample, batch_size=64)
 

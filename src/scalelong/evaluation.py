@@ -309,6 +309,8 @@ def sample_to_dir(
     if n <= 0 or batch_size <= 0:
         raise ScaleLongError(f"--n and --batch-size must be > 0, got {n}, {batch_size}")
     cfg, model, ckpt = load_run(run_dir, step, weights, device)
+    if getattr(model, "context_embed", None) is not None:
+        raise ScaleLongError(f"{run_dir} is a text-to-image run: pass --prompt TEXT or --prompts-file FILE")
     sampler, steps = sampler or cfg.sample.sampler, steps or cfg.sample.steps
     get_sampler(sampler)
     num_classes = getattr(model, "num_classes", 0)

@@ -297,3 +297,70 @@ def generate_from_context(
     uncond = {"context": null_context.to(device).expand_as(cond["context"])}
     eps_fn = guided_eps_fn(net, schedule, guidance_scale, cond, uncond)
     return get_sampler(sampler)(eps_fn, schedule, x, steps, gens)
+
+
+def read_prompts(prompts: Sequence[str] | None, prompts_file: str | Path | None) -> list[str]:
+    """Prompts from the command line and/or a file (one per line, blank lines skipped)."""
+    out = list(prompts or [])
+    if prompts_file is not None:
+        path = Path(prompts_file)
+        if not path.is_file():
+            raise ScaleLongError(f"prompts file not found: {path}")
+        out += [line.strip() for line in path.read_text().splitlines() if line.strip()]
+    if not out:
+        raise ScaleLongError("no prompt given: pass --prompt TEXT (repeatable) or --prompts-file FILE")
+    return out
+
+
+def sample_prompts_to_dir(
+    run_dir: str | Path,
+    out: str | Path,
+    prompts: Sequence[str],
+    n: int,
+    *,
+    sampler: str | None = None,
+    steps: int | None = None,
+    seed: int = 0,
+    batch_size: int = 16,
+    guidance_scale: float | None = None,
+    step: int | str | None = None,
+    weights: str = "ema",
+    text_encoder: str | None = None,
+    autoencoder: str | None = None,
+    device: torch.device | str = "cpu",
+    progress: bool = True,
+) -> dict:
+    """Draw ``n`` images of a text-to-image run into ``out/000000.png ...``; image i shows prompt
+    ``i % len(prompts)`` from seed ``seed + i``, so a second call only draws what is missing."""
+    from tqdm import tqdm
+
+    from scalelong.build import build_schedule, model_input_shape
+    from scalelong.evaluation import _to_uint8, _write_png, load_run
+
+    cfg, model, ckpt = load_run(run_dir, step, weights, device)
+    if getattr(model, "context_embed", None) is None:
+        raise ScaleLongError(f"{run_dir} is not a text-to-image run; drop --prompt / --prompts-file")
+    t = cfg.t2i
+    scale = t.guidance_scale if guidance_scale is None else guidance_scale
+    tokenizer, text_model = load_text_encoder(text_encoder or t.text_encoder)
+    vae = load_autoencoder(autoencoder or t.autoencoder).to(device)
+    text_model.to(device)
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "prompts.txt").write_text("\n".join(prompts[i % len(prompts)] for i in range(n)) + "\n")
+    null = encode_prompts([""], tokenizer, text_model, device)[0]
+    schedule, shape = build_schedule(cfg.diffusion), model_input_shape(cfg.model)
+    todo = [i for i in range(n) if not (out / f"{i:06d}.png").is_file()]
+    bar = tqdm(total=n, initial=n - len(todo), disable=not progress, unit="img")
+    for start in range(0, len(todo), batch_size):
+        idx = todo[start : start + batch_size]
+        context = encode_prompts([prompts[i % len(prompts)] for i in idx], tokenizer, text_model, device)
+        latents = generate_from_context(
+            model, schedule, sampler or cfg.sample.sampler, steps or cfg.sample.steps,
+            [seed + i for i in idx], context, null, scale, shape, device,
+        )  # fmt: skip
+        for i, array in zip(idx, _to_uint8(decode_latents(latents, vae, t.latent_scale)), strict=True):
+            _write_png(array, out / f"{i:06d}.png")
+        bar.update(len(idx))
+    bar.close()
+    return {"out": out, "drawn": len(todo), "total": n, "checkpoint": ckpt}
