@@ -25,4 +25,6 @@ def tiny_uvit_overrides(name: str, out_dir, steps: int = 30, method: str = "none
         "optim.warmup_steps=5",
         "sample.num_images=4",
         "sample.steps=5",
+        "eval.every=0",
+        "diagnostics.every=0",
     ]
