@@ -22,7 +22,7 @@ $(VENV)/.installed: pyproject.toml
 setup: $(VENV)/.installed
 
 demo: setup
-	$(BIN)/scalelong compare configs/demo.yaml --methods none,cs,ls
+	$(BIN)/scalelong compare configs/demo.yaml --methods none,sqrt2,cs,ls
 
 test: setup
 	$(BIN)/python -m pytest

@@ -80,7 +80,7 @@ def test_compare_command_writes_every_plot_and_the_table(tmp_path):
         timeout=600,
     )
     assert proc.returncode == 0, proc.stderr
-    report = tmp_path / "cmp"
+    report = tmp_path / "cmp-compare"
     for name in (
         "report.md",
         "report.html",

@@ -262,7 +262,8 @@ def cmd_compare(args: argparse.Namespace) -> int:
     cfg = load_config(args.config, overrides)
     if args.seeds < 1:
         raise ScaleLongError(f"--seeds must be >= 1, got {args.seeds}")
-    report_dir = cfg.run_dir if args.out is None else Path(args.out)
+    # Beside, not inside, the single-run folder of the same name: train --overwrite must not delete it.
+    report_dir = Path(cfg.out_dir) / f"{cfg.name}-compare" if args.out is None else Path(args.out)
     report, table = run_comparison(cfg, methods, args.seeds, report_dir, progress=not args.no_progress)
     print(f"\n{table}\n")
     print(f"report: {report}")
@@ -287,14 +288,14 @@ def _add_study_commands(sub) -> None:
         "compare",
         help="train several skip methods side by side and write one report",
         description="Train each method from the same seed, data order and noise, then write report.md, "
-        "PNG plots and a self-contained report.html into <out_dir>/<name> (or --out). Finished runs "
+        "PNG plots and a self-contained report.html into <out_dir>/<name>-compare (or --out). Finished runs "
         "are reused, so re-running the same command resumes.",
     )
     _add_config_args(p)
     p.add_argument("--methods", default="none,sqrt2,cs,ls", help="comma-separated; the first is the baseline")
     p.add_argument("--steps", type=int, default=0, help="training steps per run (default: the config's)")
     p.add_argument("--seeds", type=int, default=1, help="seeds per method, from train.seed on")
-    p.add_argument("--out", default=None, help="report folder (default: <out_dir>/<name>)")
+    p.add_argument("--out", default=None, help="report folder (default: <out_dir>/<name>-compare)")
     p.add_argument("--no-progress", action="store_true", help="no progress bars")
     p.set_defaults(func=cmd_compare)
 
