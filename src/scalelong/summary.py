@@ -4,19 +4,14 @@ from __future__ import annotations
 
 from torch import nn
 
-from scalelong.skips import SkipScaling
-
-
-def find_skip_scaling(model: nn.Module) -> SkipScaling:
-    for module in model.modules():
-        if isinstance(module, SkipScaling):
-            return module
-    raise ValueError("model has no SkipScaling module")
+from scalelong.diagnostics import find_skip_scaling
 
 
 def skip_rows(model: nn.Module) -> list[tuple[int, tuple[int, ...], str]]:
     """(index, skip shape without batch, coefficient) per skip, outermost (index 1) first."""
     scaling = find_skip_scaling(model)
+    if scaling is None:
+        raise ValueError("model has no SkipScaling module")
     shapes = model.skip_shapes(batch_size=1)
     rows = []
     for i, (shape, coef) in enumerate(zip(shapes, scaling.coefficients(), strict=True), start=1):
