@@ -35,6 +35,9 @@ def test_summary_pairs_speedups_by_seed_with_known_answer():
     assert by_method["sqrt2"].steps_to_target == [None, None]
     table = summary_table(list(by_method.values()), "none")
     assert "| cs | 8 ± " in table and "250 (2/2 seeds)" in table and "not reached (0/2)" in table
+    # paired final-FD change: cs 7/10 - 1 and 9/10 - 1 -> -20% on average
+    assert by_method["cs"].fd_change == pytest.approx([-0.3, -0.1])
+    assert "| -20% ± " in table
 
 
 def test_mean_ci_matches_the_t_interval():

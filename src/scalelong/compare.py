@@ -99,6 +99,7 @@ def _last(records: Records, key: str) -> float:
 class MethodSummary:
     method: str
     final_fd: list[float]  # per seed
+    fd_change: list[float]  # final FD / the baseline's of the same seed - 1, per seed (paired)
     final_loss: list[float]
     feature_osc_std: list[float]  # mean sliding-window std of the hidden-feature norm
     spikes: list[float]
@@ -112,6 +113,7 @@ def summarise(
     """Per-method summaries from ``runs[method][seed] -> records``; speed-ups paired by seed."""
     seeds = min(len(r) for r in runs.values())
     targets = [steps_to_target({m: runs[m][s] for m in runs}, baseline, fd_key) for s in range(seeds)]
+    base_fd = [_last(r, fd_key) for r in runs[baseline]]
     out = []
     for method, per_seed in runs.items():
         osc = [
@@ -124,6 +126,7 @@ def summarise(
             MethodSummary(
                 method=method,
                 final_fd=[_last(r, fd_key) for r in per_seed],
+                fd_change=[_last(r, fd_key) / b - 1 for r, b in zip(per_seed, base_fd, strict=False)],
                 final_loss=[_last(r, "loss") for r in per_seed],
                 feature_osc_std=osc,
                 spikes=[_last(r, "spikes") for r in per_seed],
@@ -138,9 +141,9 @@ def summary_table(summaries: Sequence[MethodSummary], baseline: str) -> str:
     """Markdown table of the comparison (mean ± 95% interval over seeds)."""
     n = len(summaries[0].final_fd)
     lines = [
-        "| method | final FD | final loss | feature-norm osc. std | loss spikes "
-        f"| steps to {baseline}'s final FD | speed-up vs {baseline} |",
-        "|---|---|---|---|---|---|---|",
+        f"| method | final FD | final FD vs {baseline} (paired) | final loss | feature-norm osc. std "
+        f"| loss spikes | steps to {baseline}'s final FD | speed-up vs {baseline} |",
+        "|---|---|---|---|---|---|---|---|",
     ]
     for s in summaries:
         reached = [x for x in s.steps_to_target if x is not None]
@@ -151,7 +154,8 @@ def summary_table(summaries: Sequence[MethodSummary], baseline: str) -> str:
         )
         speed = [x for x in s.speedup if x is not None]
         lines.append(
-            f"| {s.method} | {fmt_ci(s.final_fd)} | {fmt_ci(s.final_loss)} | {fmt_ci(s.feature_osc_std)} "
+            f"| {s.method} | {fmt_ci(s.final_fd)} | {fmt_ci([100 * x for x in s.fd_change], unit='%')} "
+            f"| {fmt_ci(s.final_loss)} | {fmt_ci(s.feature_osc_std)} "
             f"| {fmt_ci(s.spikes)} | {steps} | {fmt_ci(speed, unit='x') if speed else 'n/a'} |"
         )
     return "\n".join(lines)
