@@ -107,9 +107,20 @@ def training_loss(
     Times and noise are drawn on the CPU from ``generator`` and then moved, so a seed gives
     the same draws on every device.
     """
-    t = schedule.sample_t(x0.shape[0], generator)
+    t = schedule.sample_t(x0.shape[0], generator).to(x0.device)
     noise = torch.randn(x0.shape, generator=generator).to(x0.device)
-    t = t.to(x0.device)
+    return epsilon_loss(net, schedule, x0, t, noise, **cond)
+
+
+def epsilon_loss(
+    net: torch.nn.Module,
+    schedule: Schedule,
+    x0: torch.Tensor,
+    t: torch.Tensor,
+    noise: torch.Tensor,
+    **cond: torch.Tensor,
+) -> torch.Tensor:
+    """The same loss for given times and noise (the trainer draws them for the global batch): (B,)."""
     pred = net(add_noise(schedule, x0, t, noise), schedule.model_time(t), **cond)
     return (pred.float() - noise.float()).square().flatten(1).mean(dim=1)
 
@@ -126,5 +137,6 @@ __all__ = [
     "Schedule",
     "add_noise",
     "training_loss",
+    "epsilon_loss",
     "epsilon_to_x0",
 ]

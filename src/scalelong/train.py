@@ -52,7 +52,7 @@ from scalelong.checkpoint import (
 from scalelong.config import Config, config_to_dict
 from scalelong.data import EpochBatches
 from scalelong.diagnostics import Diagnostics
-from scalelong.diffusion import add_noise
+from scalelong.diffusion import epsilon_loss
 from scalelong.errors import ScaleLongError
 from scalelong.tracking import Tracker
 
@@ -267,9 +267,7 @@ class Trainer:
             labels = torch.where(self.drop_captions.to(dev)[:, None, None], null, labels)
         cond = conditioning(self.unwrapped, labels)
         net = self.model if self.compiled is None or diagnose else self.compiled
-        pred = net(add_noise(self.schedule, x0, t, noise), self.schedule.model_time(t), **cond)
-        # the loss of diffusion.training_loss, with t and noise drawn for the global batch above
-        loss = (pred.float() - noise.float()).square().mean()
+        loss = epsilon_loss(net, self.schedule, x0, t, noise, **cond).mean()
         if self.step + 1 in self.cfg.train.debug_nan_steps:
             loss = loss * float("nan")
         self.acc.backward(loss)
