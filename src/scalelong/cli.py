@@ -266,6 +266,11 @@ def cmd_compare(args: argparse.Namespace) -> int:
     report_dir = Path(cfg.out_dir) / f"{cfg.name}-compare" if args.out is None else Path(args.out)
     report, table = run_comparison(cfg, methods, args.seeds, report_dir, progress=not args.no_progress)
     print(f"\n{table}\n")
+    if args.seeds < 5:
+        print(
+            f"{args.seeds} seed(s): seed-to-seed noise on small models exceeds these differences; "
+            "use --seeds 5 or more before concluding (see the README's 5-seed table)"
+        )
     print(f"report: {report}")
     print(f"        {report.with_suffix('.html')}")
     return 0
