@@ -66,22 +66,17 @@ def test_compare_command_writes_every_plot_and_the_table(tmp_path):
         "eval.final_num_samples=0",
         "train.checkpoint_every=3",
     ]
-    proc = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "scalelong.cli",
-            "compare",
-            "configs/demo.yaml",
-            "--methods",
-            "none,cs,ls",
-            "--no-progress",
-            *overrides,
-        ],
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
+    command = [
+        sys.executable,
+        "-m",
+        "scalelong.cli",
+        "compare",
+        "configs/demo.yaml",
+        "--methods",
+        "none,cs,ls",
+    ]
+    command += ["--no-progress", *overrides]
+    proc = subprocess.run(command, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr
     report = tmp_path / "cmp-compare"
     for name in (
@@ -98,20 +93,5 @@ def test_compare_command_writes_every_plot_and_the_table(tmp_path):
     assert [r.split("|")[1].strip() for r in rows[1:]] == ["none", "cs", "ls"]
     assert "data:image/png;base64," in (report / "report.html").read_text()
     # a second call reuses the finished runs instead of training again
-    again = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "scalelong.cli",
-            "compare",
-            "configs/demo.yaml",
-            "--methods",
-            "none,cs,ls",
-            "--no-progress",
-            *overrides,
-        ],
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
+    again = subprocess.run(command, capture_output=True, text=True, timeout=600)
     assert again.returncode == 0 and "parameters" not in again.stdout

@@ -14,7 +14,7 @@ from __future__ import annotations
 import json
 import math
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import numpy as np
@@ -281,6 +281,24 @@ def _write_png(array: np.ndarray, path: Path) -> None:
     tmp.replace(path)  # a killed run never leaves a half-written PNG under the final name
 
 
+def write_missing_pngs(
+    out: Path, n: int, batch_size: int, draw: Callable[[list[int]], torch.Tensor], progress: bool = True
+) -> int:
+    """Write ``out/000000.png ...`` for the indices in 0..n-1 that have no file yet, ``batch_size``
+    at a time; ``draw(indices)`` returns their images in [-1, 1]. Returns how many were drawn."""
+    from tqdm import tqdm
+
+    todo = [i for i in range(n) if not (out / f"{i:06d}.png").is_file()]
+    bar = tqdm(total=n, initial=n - len(todo), disable=not progress, unit="img")
+    for start in range(0, len(todo), batch_size):
+        idx = todo[start : start + batch_size]
+        for i, array in zip(idx, _to_uint8(draw(idx)), strict=True):
+            _write_png(array, out / f"{i:06d}.png")
+        bar.update(len(idx))
+    bar.close()
+    return len(todo)
+
+
 def sample_to_dir(
     run_dir: str | Path,
     out: str | Path,
@@ -301,7 +319,6 @@ def sample_to_dir(
     only draws what is missing and the result does not depend on ``batch_size``. ``out/sampling.json``
     records the settings; resuming with different ones is refused instead of mixing two sets.
     """
-    from tqdm import tqdm
 
     from scalelong.build import build_schedule, model_input_shape
     from scalelong.sampling import get_sampler
@@ -328,32 +345,20 @@ def sample_to_dir(
     meta_path.write_text(json.dumps(meta, indent=1))
 
     labels = [label if label is not None else i % max(num_classes, 1) for i in range(n)]
-    todo = [i for i in range(n) if not (out / f"{i:06d}.png").is_file()]
     schedule, shape = build_schedule(cfg.diffusion), model_input_shape(cfg.model)
-    bar = tqdm(total=n, initial=n - len(todo), disable=not progress, unit="img")
-    for start in range(0, len(todo), batch_size):
-        idx = todo[start : start + batch_size]
-        images = generate(
-            model,
-            schedule,
-            sampler,
-            steps,
-            [seed + i for i in idx],
-            shape,
-            torch.tensor([labels[i] for i in idx]),
-            device,
-        )
-        for i, array in zip(idx, _to_uint8(images), strict=True):
-            _write_png(array, out / f"{i:06d}.png")
-        bar.update(len(idx))
-    bar.close()
+
+    def draw(idx: list[int]) -> torch.Tensor:
+        labels_idx = torch.tensor([labels[i] for i in idx])
+        return generate(model, schedule, sampler, steps, [seed + i for i in idx], shape, labels_idx, device)
+
+    drawn = write_missing_pngs(out, n, batch_size, draw, progress)
 
     from PIL import Image
 
     arrays = np.stack([np.asarray(Image.open(out / f"{i:06d}.png")) for i in range(n)])
     arrays = arrays[..., None] if arrays.ndim == 3 else arrays  # (N, H, W, C) for grey images too
     np.savez(out / "samples.npz", images=arrays, labels=np.array(labels))
-    return {"out": out, "drawn": len(todo), "total": n, "checkpoint": ckpt}
+    return {"out": out, "drawn": drawn, "total": n, "checkpoint": ckpt}
 
 
 def dataset_images(cfg: Config, limit: int | None = None) -> torch.Tensor:

@@ -332,10 +332,9 @@ def sample_prompts_to_dir(
 ) -> dict:
     """Draw ``n`` images of a text-to-image run into ``out/000000.png ...``; image i shows prompt
     ``i % len(prompts)`` from seed ``seed + i``, so a second call only draws what is missing."""
-    from tqdm import tqdm
 
     from scalelong.build import build_schedule, model_input_shape
-    from scalelong.evaluation import _to_uint8, _write_png, load_run
+    from scalelong.evaluation import load_run, write_missing_pngs
 
     cfg, model, ckpt = load_run(run_dir, step, weights, device)
     if getattr(model, "context_embed", None) is None:
@@ -350,17 +349,14 @@ def sample_prompts_to_dir(
     (out / "prompts.txt").write_text("\n".join(prompts[i % len(prompts)] for i in range(n)) + "\n")
     null = encode_prompts([""], tokenizer, text_model, device)[0]
     schedule, shape = build_schedule(cfg.diffusion), model_input_shape(cfg.model)
-    todo = [i for i in range(n) if not (out / f"{i:06d}.png").is_file()]
-    bar = tqdm(total=n, initial=n - len(todo), disable=not progress, unit="img")
-    for start in range(0, len(todo), batch_size):
-        idx = todo[start : start + batch_size]
+
+    def draw(idx: list[int]) -> torch.Tensor:
         context = encode_prompts([prompts[i % len(prompts)] for i in idx], tokenizer, text_model, device)
         latents = generate_from_context(
             model, schedule, sampler or cfg.sample.sampler, steps or cfg.sample.steps,
             [seed + i for i in idx], context, null, scale, shape, device,
         )  # fmt: skip
-        for i, array in zip(idx, _to_uint8(decode_latents(latents, vae, t.latent_scale)), strict=True):
-            _write_png(array, out / f"{i:06d}.png")
-        bar.update(len(idx))
-    bar.close()
-    return {"out": out, "drawn": len(todo), "total": n, "checkpoint": ckpt}
+        return decode_latents(latents, vae, t.latent_scale)
+
+    drawn = write_missing_pngs(out, n, batch_size, draw, progress)
+    return {"out": out, "drawn": drawn, "total": n, "checkpoint": ckpt}
