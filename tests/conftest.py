@@ -1,5 +1,14 @@
-import pytest
-import torch
+import os
+
+# One thread for torch, OpenMP and BLAS, here and in every subprocess a test starts: the models
+# are tiny, and on a shared machine spinning worker threads cost more than they bring.
+for _var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
+    os.environ.setdefault(_var, "1")
+
+import pytest  # noqa: E402
+import torch  # noqa: E402
+
+torch.set_num_threads(1)
 
 
 @pytest.fixture(autouse=True)
