@@ -139,10 +139,17 @@ def sigterm_as_interrupt() -> Iterator[None]:
         signal.signal(signal.SIGTERM, previous)
 
 
-def _one_line(e: ScaleLongError) -> ScaleLongError:
-    # A DataLoader worker re-raises our error with its traceback folded into the message.
-    last = str(e).strip().splitlines()[-1]
-    return ScaleLongError(last.split("ScaleLongError: ", 1)[-1])
+def next_batch(batches: Iterator) -> tuple[torch.Tensor, torch.Tensor]:
+    """The next batch; a loader worker's error becomes one line again."""
+    try:
+        return next(batches)
+    except ScaleLongError as e:
+        # A DataLoader worker re-raises our error with its traceback folded into the message.
+        message = str(e).strip().splitlines()[-1].split("ScaleLongError: ", 1)[-1]
+        # The re-raised error and its traceback form a cycle that keeps the loader alive until
+        # a garbage collection, which closes its queues first and then waits 5 s for each worker.
+        e.__traceback__ = None
+    raise ScaleLongError(message)  # outside the handler: no traceback into the loader's frames
 
 
 # ----------------------------------------------------------------------------- the trainer
@@ -416,10 +423,7 @@ class Trainer:
         checkpoint = self.run_dir / "checkpoints" / step_dir_name(self.step)
         try:
             while self.step < t.steps:
-                try:
-                    images, labels = next(batches)
-                except ScaleLongError as e:
-                    raise _one_line(e) from None
+                images, labels = next_batch(batches)
                 loss, gnorm, outcome = self.train_step(images, labels)
                 window[outcome] += 1
                 if outcome == "ok":
@@ -453,6 +457,7 @@ class Trainer:
                         time.sleep(0.5)
         finally:
             bar.close()
+            del batches  # the loader's workers stop now, also when an error ends the run
         if self.acc.num_processes > 1:
             self.check_processes_agree()
         return RunResult(self.run_dir, last_loss, checkpoint, samples)
