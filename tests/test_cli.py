@@ -4,12 +4,14 @@ import sys
 import pytest
 
 from conftest import tiny_uvit_overrides
+from scalelong.cli import main
 
 
-def run_cli(*args, cwd=None):
-    return subprocess.run(
-        [sys.executable, "-m", "scalelong.cli", *args], capture_output=True, text=True, cwd=cwd, timeout=600
-    )
+def run_cli(capsys, *args) -> tuple[int, str, str]:
+    """``scalelong ARGS`` in this process: exit code, stdout, stderr."""
+    code = main([str(a) for a in args])
+    out, err = capsys.readouterr()
+    return code, out, err
 
 
 @pytest.mark.parametrize(
@@ -22,36 +24,42 @@ def run_cli(*args, cwd=None):
         ("model.uvit.patch_size=5", "divisible by patch_size"),
     ],
 )
-def test_bad_config_one_line_exit_2_no_run_dir(tmp_path, override, words):
+def test_bad_config_one_line_exit_2_no_run_dir(tmp_path, capsys, override, words):
     out = tmp_path / "runs"
-    proc = run_cli("train", "configs/demo.yaml", f"out_dir={out}", override)
-    assert proc.returncode == 2
-    lines = proc.stderr.strip().splitlines()
-    assert len(lines) == 1 and words in lines[0], proc.stderr
-    assert "Traceback" not in proc.stderr + proc.stdout
+    code, stdout, stderr = run_cli(capsys, "train", "configs/demo.yaml", f"out_dir={out}", override)
+    assert code == 2
+    lines = stderr.strip().splitlines()
+    assert len(lines) == 1 and words in lines[0], stderr
+    assert "Traceback" not in stderr + stdout
     assert not out.exists()
 
 
 def test_missing_config_file(tmp_path):
-    proc = run_cli("train", str(tmp_path / "nope.yaml"))
+    """The installed entry point (a real process): the error is one line on stderr, exit 2."""
+    proc = subprocess.run(
+        [sys.executable, "-m", "scalelong.cli", "train", str(tmp_path / "nope.yaml")],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert proc.returncode == 2
     assert proc.stderr.strip() == f"error: config file not found: {tmp_path / 'nope.yaml'}"
 
 
-def test_info_prints_parameter_count_and_skip_table():
-    proc = run_cli("info", "configs/cifar10_uvit_s2.yaml", "model.skip.method=cs")
-    assert proc.returncode == 0, proc.stderr
-    assert "44,255,328 parameters" in proc.stdout
-    rows = [line.split() for line in proc.stdout.splitlines() if line.strip()[:1].isdigit()]
+def test_info_prints_parameter_count_and_skip_table(capsys):
+    code, stdout, stderr = run_cli(capsys, "info", "configs/cifar10_uvit_s2.yaml", "model.skip.method=cs")
+    assert code == 0, stderr
+    assert "44,255,328 parameters" in stdout
+    rows = [line.split() for line in stdout.splitlines() if line.strip()[:1].isdigit()]
     assert [r[0] for r in rows] == ["1", "2", "3", "4", "5", "6"]
     assert [float(r[2]) for r in rows] == [1, 0.5, 0.25, 0.125, 0.0625, 0.03125]
     assert all(r[1] == "257x512" for r in rows)
 
 
-def test_train_end_to_end_prints_where_outputs_are(tmp_path):
-    proc = run_cli(
-        "train", "configs/demo.yaml", "--no-progress", *tiny_uvit_overrides("cli", tmp_path, steps=5)
+def test_train_end_to_end_prints_where_outputs_are(tmp_path, capsys):
+    code, stdout, stderr = run_cli(
+        capsys, "train", "configs/demo.yaml", "--no-progress", *tiny_uvit_overrides("cli", tmp_path, steps=5)
     )
-    assert proc.returncode == 0, proc.stderr
-    assert "metrics:" in proc.stdout and "samples:" in proc.stdout
+    assert code == 0, stderr
+    assert "metrics:" in stdout and "samples:" in stdout
     assert (tmp_path / "cli" / "metrics.jsonl").is_file()

@@ -1,10 +1,9 @@
 import math
-import subprocess
-import sys
 
 import pytest
 
 from conftest import tiny_uvit_overrides
+from scalelong.cli import main
 from scalelong.compare import mean_ci, parse_methods, summarise, summary_table
 from scalelong.errors import ScaleLongError
 
@@ -55,7 +54,7 @@ def test_parse_methods_rejects_unknown_and_repeated():
         parse_methods("cs,cs")
 
 
-def test_compare_command_writes_every_plot_and_the_table(tmp_path):
+def test_compare_command_writes_every_plot_and_the_table(tmp_path, capsys):
     overrides = tiny_uvit_overrides("cmp", tmp_path, steps=6, method="none") + [
         "model.uvit.depth=4",
         "diagnostics.every=2",
@@ -66,18 +65,9 @@ def test_compare_command_writes_every_plot_and_the_table(tmp_path):
         "eval.final_num_samples=0",
         "train.checkpoint_every=3",
     ]
-    command = [
-        sys.executable,
-        "-m",
-        "scalelong.cli",
-        "compare",
-        "configs/demo.yaml",
-        "--methods",
-        "none,cs,ls",
-    ]
-    command += ["--no-progress", *overrides]
-    proc = subprocess.run(command, capture_output=True, text=True, timeout=600)
-    assert proc.returncode == 0, proc.stderr
+    command = ["compare", "configs/demo.yaml", "--methods", "none,cs,ls", "--no-progress", *overrides]
+    assert main(command) == 0
+    stdout = capsys.readouterr().out
     report = tmp_path / "cmp-compare"
     for name in (
         "report.md",
@@ -89,9 +79,9 @@ def test_compare_command_writes_every_plot_and_the_table(tmp_path):
         "coefficients_ls.png",
     ):
         assert (report / name).is_file(), name
-    rows = [line for line in proc.stdout.splitlines() if line.startswith("| ")]
+    rows = [line for line in stdout.splitlines() if line.startswith("| ")]
     assert [r.split("|")[1].strip() for r in rows[1:]] == ["none", "cs", "ls"]
     assert "data:image/png;base64," in (report / "report.html").read_text()
     # a second call reuses the finished runs instead of training again
-    again = subprocess.run(command, capture_output=True, text=True, timeout=600)
-    assert again.returncode == 0 and "parameters" not in again.stdout
+    assert main(command) == 0
+    assert "parameters" not in capsys.readouterr().out

@@ -20,6 +20,7 @@ import yaml
 from safetensors.torch import load_file
 
 from scalelong.checkpoint import checkpoint_problem, list_checkpoints, save_checkpoint
+from scalelong.cli import main
 
 TINY = {
     "name": "straight",
@@ -171,17 +172,19 @@ def test_truncated_newest_checkpoint_falls_back_to_the_one_before(workdir):
     assert_bitwise_equal(final_state(straight)["model"], final_state(run)["model"])
 
 
-def test_different_config_in_existing_run_dir_is_an_error(workdir):
+def test_different_config_in_existing_run_dir_is_an_error(workdir, monkeypatch, capsys):
+    # No training happens here, so the command runs in this process.
+    monkeypatch.chdir(workdir)
     run = workdir / "runs" / "straight"
     before = sorted(str(p) for p in run.rglob("*"))
-    out = cli("optim.lr=1e-3", cwd=workdir)
-    assert out.returncode == 2
-    assert out.stderr.count("\n") == 1 and "another config" in out.stderr and "optim.lr" in out.stderr
-    assert "Traceback" not in out.stderr
+    assert main(["train", "config.yaml", "--no-progress", "optim.lr=1e-3"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "another config" in err and "optim.lr" in err
+    assert "Traceback" not in err
     assert sorted(str(p) for p in run.rglob("*")) == before
     # a finished run re-run with the same config is complete, not retrained
-    out = cli(cwd=workdir)
-    assert out.returncode == 0 and "complete at step 12" in out.stdout
+    assert main(["train", "config.yaml", "--no-progress"]) == 0
+    assert "complete at step 12" in capsys.readouterr().out
 
 
 def test_sigterm_exits_2_and_leaves_the_last_complete_checkpoint(workdir):

@@ -12,8 +12,14 @@ from scalelong.diffusion import VPSDE, DiscreteDDPM, Schedule
 from scalelong.errors import ScaleLongError
 
 
-def build_model(cfg: ModelConfig) -> nn.Module:
-    """The backbone with ScaleLong on its long skips, initialised from the current RNG state."""
+def build_model(cfg: ModelConfig, device: torch.device | str | None = None) -> nn.Module:
+    """The backbone with ScaleLong on its long skips, initialised from the current RNG state.
+
+    ``device="meta"`` builds shapes without weights: enough for parameter counts and the skip table.
+    """
+    if device is not None:
+        with torch.device(device):
+            return build_model(cfg)
     s = cfg.skip
     if cfg.type == "uvit":
         from scalelong.models.uvit import UViT

@@ -68,7 +68,7 @@ def _print_info(cfg, dry_run: bool = False) -> int:
     if dry_run:
         print(yaml.safe_dump(config_to_dict(cfg), sort_keys=False).rstrip())
         print()
-    model = build_model(cfg.model)
+    model = build_model(cfg.model, device="meta")  # counts and shapes only: no weights are made
     print(f"model: {cfg.model.type}, {count_parameters(model):,} parameters")
     print(
         f"skips: {cfg.model.skip.method}"
