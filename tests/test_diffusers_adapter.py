@@ -182,7 +182,7 @@ def test_clear_errors(monkeypatch, tmp_path):
 
 def test_train_diffusers_unet2d_from_config(tmp_path):
     from scalelong.config import load_config
-    from scalelong.summary import skip_rows
+    from scalelong.skips import skip_rows
     from scalelong.train import train
 
     overrides = [

@@ -5,7 +5,7 @@ import torch
 
 from scalelong.errors import ScaleLongError
 from scalelong.models import UViT
-from scalelong.skips import SkipScaling, TokenGate, skip_coefficients
+from scalelong.skips import SkipScaling, TokenGate, find_skip_scaling, skip_coefficients
 
 
 def test_cs_coefficients_outermost_first():
@@ -127,3 +127,13 @@ def test_index_convention_reaches_the_probe():
     model(torch.randn(1, 1, 16, 16), torch.rand(1) * 999)
     assert seen == [(3, 0.25), (2, 0.5), (1, 1.0)]
     assert math.isclose(model.skip_scaling.coefficients()[2], 0.25)
+
+
+def test_find_skip_scaling_sees_through_wrappers():
+    model = tiny_uvit("cs")
+    for wrapped in (model, torch.compile(model), torch.nn.DataParallel(model)):
+        assert find_skip_scaling(wrapped) is model.skip_scaling
+    assert find_skip_scaling(torch.nn.Linear(2, 2)) is None
+    two = torch.nn.ModuleList([model, tiny_uvit("none")])
+    with pytest.raises(ScaleLongError, match="2 SkipScaling modules"):
+        find_skip_scaling(two)

@@ -63,7 +63,7 @@ def _print_info(cfg, dry_run: bool = False) -> int:
 
     from scalelong.build import build_model, count_parameters
     from scalelong.config import config_to_dict
-    from scalelong.summary import skip_table
+    from scalelong.skips import skip_table
 
     if dry_run:
         print(yaml.safe_dump(config_to_dict(cfg), sort_keys=False).rstrip())

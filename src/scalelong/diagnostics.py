@@ -45,7 +45,7 @@ import torch
 from torch import nn
 
 from scalelong.errors import ScaleLongError
-from scalelong.skips import SkipScaling
+from scalelong.skips import SkipScaling, find_skip_scaling
 
 OSC_SERIES = ("feature_norm", "block_grad_norm", "loss")
 SKIP_KEYS = ("norm_in", "norm_out", "coef_mean", "coef_min", "coef_max")
@@ -82,14 +82,6 @@ def find_blocks(model: nn.Module) -> dict[str, nn.Module]:
         elif name.endswith("block"):
             blocks[name] = child
     return blocks
-
-
-def find_skip_scaling(model: nn.Module) -> SkipScaling | None:
-    """The model's single :class:`SkipScaling`, or None when it has none."""
-    found = [m for m in unwrap(model).modules() if isinstance(m, SkipScaling)]
-    if len(found) > 1:
-        raise ScaleLongError(f"the model holds {len(found)} SkipScaling modules; diagnostics expect one")
-    return found[0] if found else None
 
 
 def _sample_norm(x: torch.Tensor) -> torch.Tensor:
@@ -284,12 +276,6 @@ class Diagnostics:
         return len(past) >= 3 and loss > self.spike_factor * statistics.median(past)
 
 
-def to_tensorboard(writer: object, metrics: dict[str, float], step: int) -> None:
-    """Write flat metrics as scalars (``writer``: a ``torch.utils.tensorboard.SummaryWriter``)."""
-    for name, value in metrics.items():
-        writer.add_scalar(name, value, step)
-
-
 # ---------------------------------------------------------------------- robustness
 
 
@@ -356,9 +342,7 @@ def load_checkpoint_model(path: str | Path, ema: bool = True) -> nn.Module:
 __all__ = [
     "Diagnostics",
     "find_blocks",
-    "find_skip_scaling",
     "window_stats",
-    "to_tensorboard",
     "robustness",
     "load_checkpoint_model",
 ]

@@ -22,11 +22,13 @@ ls-nonshare zeta_i(skip_i), one module per skip  Learnable Scaling, not shared
 Learned gates: on transformer tokens (``num_tokens``) the released :class:`TokenGate`; on
 convolutional skips (``skip_channels``) a per-skip :class:`ChannelGate` for ``ls-nonshare`` and
 one width-agnostic :class:`SharedChannelGate` for ``ls``.
+
+:func:`find_skip_scaling` finds the module in any model and :func:`skip_table` prints the table
+of ``scalelong info``: index, shape, coefficient.
 """
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable, Sequence
 
 import torch
@@ -251,15 +253,39 @@ class SkipScaling(nn.Module):
         return f"method={self.method!r}, num_skips={self.num_skips}{kappa}"
 
 
-def sum_squared_from(coefficients: Sequence[float]) -> list[float]:
-    """sum_{j >= i} kappa_j^2 for every i (outermost first): the theory's feature-norm factor."""
-    out, acc = [], 0.0
-    for c in reversed(coefficients):
-        acc += c * c
-        out.append(acc)
-    return out[::-1]
+# ----------------------------------------------------------------------------- finding and showing skips
 
 
-def cs_sum_bound(kappa: float) -> float:
-    """Upper bound of sum_i kappa^(2(i-1)) over any number of skips: 1 / (1 - kappa^2)."""
-    return math.inf if kappa >= 1.0 else 1.0 / (1.0 - kappa * kappa)
+def find_skip_scaling(model: nn.Module) -> SkipScaling | None:
+    """The model's single :class:`SkipScaling` (also inside DDP / torch.compile wrappers), or None."""
+    found = [m for m in model.modules() if isinstance(m, SkipScaling)]
+    if len(found) > 1:
+        raise ScaleLongError(f"the model holds {len(found)} SkipScaling modules; expected one")
+    return found[0] if found else None
+
+
+def skip_rows(model: nn.Module) -> list[tuple[int, tuple[int, ...], str]]:
+    """(index, skip shape without batch, coefficient) per skip, outermost (index 1) first."""
+    scaling = find_skip_scaling(model)
+    if scaling is None:
+        raise ValueError("model has no SkipScaling module")
+    shapes = model.skip_shapes(batch_size=1)
+    rows = []
+    for i, (shape, coef) in enumerate(zip(shapes, scaling.coefficients(), strict=True), start=1):
+        if coef is not None:
+            text = f"{coef:.6g}"
+        else:
+            # which gate serves this skip: e.g. "ls: shared SharedChannelGate" / "ls-nonshare: ChannelGate 3"
+            kind = type(scaling.gate_for(i)).__name__
+            text = f"{scaling.method}: " + (f"shared {kind}" if len(scaling.gates) == 1 else f"{kind} {i}")
+        rows.append((i, tuple(shape[1:]), text))
+    return rows
+
+
+def skip_table(model: nn.Module) -> str:
+    """The table ``scalelong info`` prints: index, shape, coefficient of every skip."""
+    lines = [f"{'skip':>4}  {'shape':<18}  coefficient", f"{'-' * 4}  {'-' * 18}  {'-' * 11}"]
+    for index, shape, coef in skip_rows(model):
+        lines.append(f"{index:>4}  {'x'.join(map(str, shape)):<18}  {coef}")
+    lines.append("(skip 1 is the outermost, next to the input and output)")
+    return "\n".join(lines)

@@ -17,7 +17,16 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from scalelong.skips import SkipScaling, sum_squared_from
+from scalelong.skips import SkipScaling, find_skip_scaling
+
+
+def sum_squared_from(coefficients: Sequence[float]) -> list[float]:
+    """sum_{j >= i} kappa_j^2 for every i (outermost first): the feature-norm factor of the bound."""
+    out, acc = [], 0.0
+    for c in reversed(coefficients):
+        acc += c * c
+        out.append(acc)
+    return out[::-1]
 
 
 def lipschitz_sum(coefficients: Sequence[float], m0: float) -> float:
@@ -33,8 +42,6 @@ def theory_sums(coefficients: Sequence[float], m0: float = 1.0) -> dict[str, obj
 @torch.no_grad()
 def measured_coefficients(model: nn.Module, *inputs: object, **kwargs: object) -> list[float]:
     """Mean coefficient of every skip (outermost first) on one forward pass; works for LS too."""
-    from scalelong.diagnostics import find_skip_scaling
-
     scaling = find_skip_scaling(model)
     if scaling is None:
         raise ValueError("the model has no SkipScaling")
