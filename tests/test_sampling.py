@@ -13,6 +13,7 @@ import warnings
 import pytest
 import torch
 
+from scalelong.config import SAMPLER_NAMES
 from scalelong.diffusion import VPSDE, DiscreteDDPM
 from scalelong.errors import ScaleLongError
 from scalelong.sampling import SAMPLERS, generate, randn
@@ -112,3 +113,7 @@ def test_generate_is_batch_independent_and_class_conditional() -> None:
 def test_unknown_sampler_is_a_user_error() -> None:
     with pytest.raises(ScaleLongError, match="unknown sampler"):
         generate(_Gaussian(VPSDE()), VPSDE(), "heun", 10, [0], (1, 4, 4))
+
+
+def test_the_config_knows_every_sampler_by_name() -> None:
+    assert tuple(SAMPLERS) == SAMPLER_NAMES

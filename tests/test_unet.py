@@ -134,6 +134,11 @@ def test_config_validation():
         load_config("configs/cifar10_unet_ddpm.yaml", ["model.unet.channel_mult=[]"])
     with pytest.raises(ScaleLongError, match="unknown config key"):
         load_config("configs/cifar10_unet_ddpm.yaml", ["model.unet.width=3"])
+    # one check of the sizes serves the config (naming the key) and the constructor
+    with pytest.raises(ScaleLongError, match=r"^model.unet.attn_heads=3 must divide every level width"):
+        load_config("configs/cifar10_unet_ddpm.yaml", ["model.unet.attn_heads=3"])
+    with pytest.raises(ScaleLongError, match=r"^attn_heads=3 must divide every level width"):
+        tiny(attn_heads=3)
 
 
 def test_train_tiny_unet_from_config(tmp_path):

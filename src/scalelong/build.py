@@ -72,14 +72,3 @@ def check_data_fits_model(cfg: Config, dataset: Dataset) -> None:
 
 def count_parameters(model: nn.Module) -> int:
     return sum(p.numel() for p in model.parameters())
-
-
-def conditioning(model: nn.Module, labels: torch.Tensor) -> dict[str, torch.Tensor]:
-    """Keyword arguments that condition the model on a batch's labels (none if unconditional).
-
-    ``labels`` are class indices (B,) for a class-conditional model and caption embeddings
-    (B, 77, D) for a text-conditional one.
-    """
-    if getattr(model, "context_embed", None) is not None:
-        return {"context": labels}
-    return {"y": labels} if getattr(model, "num_classes", 0) > 0 else {}

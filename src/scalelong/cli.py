@@ -144,8 +144,8 @@ def _step_arg(value: str) -> int | str:
 
 def _add_sampling_commands(sub) -> None:
     """``sample``, ``fid-stats`` and ``eval``: drawing images from a run and scoring them."""
-    from scalelong.metrics import METRICS
-    from scalelong.sampling import SAMPLERS
+    from scalelong.config import METRIC_NAMES as METRICS
+    from scalelong.config import SAMPLER_NAMES as SAMPLERS
 
     def common(p: argparse.ArgumentParser) -> None:
         p.add_argument("--device", default="auto", choices=("auto", "cpu", "cuda"))

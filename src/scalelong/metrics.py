@@ -22,9 +22,10 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from scalelong.config import METRIC_NAMES
 from scalelong.errors import ScaleLongError
 
-METRICS = ("fd-mnist", "fid")
+METRICS = METRIC_NAMES
 FeatureFn = Callable[[torch.Tensor], torch.Tensor]
 
 

@@ -22,6 +22,7 @@ import torch
 
 from scalelong.diffusion import VPSDE, DiscreteDDPM, Schedule, epsilon_to_x0
 from scalelong.errors import ScaleLongError
+from scalelong.models import conditioning
 
 EpsFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 Generators = torch.Generator | Sequence[torch.Generator] | None
@@ -327,8 +328,6 @@ def generate(
     so an image depends on its seed (and label) only, never on the batch it was drawn in.
     ``labels`` condition a class-conditional model (ignored by an unconditional one).
     """
-    from scalelong.build import conditioning
-
     gens = [torch.Generator().manual_seed(int(s)) for s in seeds]
     x = randn((len(gens), *shape), gens, device)
     if labels is None:

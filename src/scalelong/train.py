@@ -38,7 +38,6 @@ from scalelong.build import (
     build_model,
     build_schedule,
     check_data_fits_model,
-    conditioning,
     count_parameters,
     model_input_shape,
 )
@@ -54,6 +53,7 @@ from scalelong.data import EpochBatches
 from scalelong.diagnostics import Diagnostics
 from scalelong.diffusion import epsilon_loss
 from scalelong.errors import ScaleLongError
+from scalelong.models import conditioning
 from scalelong.tracking import Tracker
 
 # Extra per-step metrics: ``hook(step, trainer) -> dict``; a non-empty dict is merged into (or

@@ -10,6 +10,7 @@ Skip 1 is the conv-in output (outermost), skip N the last encoder output (innerm
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 
 import torch
 import torch.nn.functional as F
@@ -25,6 +26,27 @@ def timestep_embedding(t: torch.Tensor, dim: int, max_period: float = 10000.0) -
     freqs = torch.exp(-math.log(max_period) * torch.arange(half, device=t.device) / (half - 1))
     args = t.float()[:, None] * freqs[None]
     return torch.cat([torch.sin(args), torch.cos(args)], dim=-1)
+
+
+def layout_problem(
+    img_size: int, channel_mult: Sequence[int], num_res_blocks: int, base_channels: int, attn_heads: int
+) -> str | None:
+    """Why these sizes do not make a UNet, starting with the argument's name; None when they do."""
+    if not channel_mult or any(m < 1 for m in channel_mult):
+        return f"channel_mult must be a non-empty list of ints >= 1, got {list(channel_mult)}"
+    if num_res_blocks < 1:
+        return f"num_res_blocks must be >= 1, got {num_res_blocks}"
+    levels = len(channel_mult)
+    if img_size % 2 ** (levels - 1):
+        side = 2 ** (levels - 1)
+        return f"img_size={img_size} must be divisible by 2 ** (levels - 1) = {side} for {levels} levels"
+    for mult in channel_mult:
+        if (base_channels * mult) % attn_heads:
+            return (
+                f"attn_heads={attn_heads} must divide every level width "
+                f"(base_channels * channel_mult = {base_channels * mult})"
+            )
+    return None
 
 
 def norm(channels: int, groups: int) -> nn.GroupNorm:
@@ -63,8 +85,6 @@ class AttnBlock(nn.Module):
 
     def __init__(self, channels: int, num_heads: int, groups: int):
         super().__init__()
-        if channels % num_heads:
-            raise ScaleLongError(f"attention width {channels} is not divisible by attn_heads={num_heads}")
         self.num_heads = num_heads
         self.norm = norm(channels, groups)
         self.qkv = nn.Linear(channels, 3 * channels)
@@ -114,6 +134,7 @@ class UNet(nn.Module):
 
     Args:
         img_size: side of the (square) input; must be divisible by 2 ** (levels - 1).
+            (:func:`layout_problem` checks the sizes, here and when a config is validated.)
         in_channels: channels of x (and of the output).
         base_channels: width of level 0; level k has base_channels * channel_mult[k].
         channel_mult: width multiplier of each resolution level, highest resolution first.
@@ -143,13 +164,10 @@ class UNet(nn.Module):
         ls_reduction: int = 16,
     ):
         super().__init__()
+        problem = layout_problem(img_size, channel_mult, num_res_blocks, base_channels, attn_heads)
+        if problem is not None:
+            raise ScaleLongError(problem)
         levels = len(channel_mult)
-        if levels < 1 or num_res_blocks < 1:
-            raise ScaleLongError("UNet needs at least one level and one res block per level")
-        if img_size % 2 ** (levels - 1):
-            raise ScaleLongError(
-                f"img_size={img_size} must be divisible by 2 ** (levels - 1) = {2 ** (levels - 1)}"
-            )
         self.img_size, self.in_channels, self.num_classes = img_size, in_channels, num_classes
         self.base_channels = base_channels
         emb_dim = 4 * base_channels
