@@ -23,7 +23,7 @@ import torch
 from benchmarks.harness import markdown_table, write_result
 from scalelong.data import embedded_mnist
 from scalelong.evaluation import fd_of_model, load_run
-from scalelong.metrics import fd_mnist_features, fd_of_images, mnist_reference_stats
+from scalelong.frechet import fd_mnist_features, fd_of_images, mnist_reference_stats
 from scalelong.sampling import network_evaluations
 
 ROOT = Path(__file__).resolve().parents[1]

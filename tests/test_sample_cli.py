@@ -98,13 +98,13 @@ def test_fid_stats_then_eval_reads_the_metric_from_the_file(run, tmp_path, capsy
 def test_fid_offline_without_weights_is_one_line(run, tmp_path, capsys, monkeypatch) -> None:
     from pytorch_fid import inception
 
-    from scalelong import metrics
+    from scalelong import frechet
 
     def offline(url, progress=True):  # what torch's downloader raises without a network
         raise urllib.error.URLError("[Errno -3] Temporary failure in name resolution")
 
     monkeypatch.setenv("TORCH_HOME", str(tmp_path / "torch"))  # no cached weights
-    monkeypatch.setattr(metrics, "_probe", lambda url, timeout=15.0: "URLError: Name or service not known")
+    monkeypatch.setattr(frechet, "_probe", lambda url, timeout=15.0: "URLError: Name or service not known")
     monkeypatch.setattr(inception, "load_state_dict_from_url", offline)
     rc, _, err = cli(capsys, "fid-stats", run.run_dir / "config.yaml", "--out", tmp_path / "s.npz")
     assert rc == 2 and err.count("\n") == 1, err

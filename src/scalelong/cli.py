@@ -277,7 +277,7 @@ def cmd_compare(args: argparse.Namespace) -> int:
 
 
 def cmd_analyze(args: argparse.Namespace) -> int:
-    from scalelong.report import load_metrics, write_plots
+    from scalelong.plots import load_metrics, write_plots
 
     run_dir = Path(args.run_dir)
     records = load_metrics(run_dir)

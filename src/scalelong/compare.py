@@ -19,7 +19,7 @@ from pathlib import Path
 
 from scalelong.config import Config
 from scalelong.errors import ScaleLongError
-from scalelong.report import Records, as_float, load_metrics, series, steps_to_target, write_plots
+from scalelong.plots import Records, as_float, load_metrics, series, steps_to_target, write_plots
 from scalelong.skips import METHODS
 
 # Two-sided 95% Student t quantiles by degrees of freedom (1..30); beyond that 1.96 is close enough.

@@ -343,7 +343,7 @@ MIXED_PRECISION = ("no", "fp16", "bf16")
 LR_SCHEDULES = ("constant", "cosine")
 SCHEDULES = ("vpsde", "ddpm")
 DEVICES = ("auto", "cpu", "cuda")
-# The names of scalelong.sampling.SAMPLERS and of the Frechet metrics (scalelong.metrics), here so
+# The names of scalelong.sampling.SAMPLERS and of the Frechet metrics (scalelong.frechet), here so
 # that validating a config imports neither; a test keeps them equal.
 SAMPLER_NAMES = ("euler_maruyama", "ode_euler", "ddim", "dpm_solver", "dpm_solver_pp")
 METRIC_NAMES = ("fd-mnist", "fid")

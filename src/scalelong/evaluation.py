@@ -23,7 +23,7 @@ from torch import nn
 
 from scalelong.config import Config, EvalConfig
 from scalelong.errors import ScaleLongError
-from scalelong.metrics import FeatureFn, feature_fn, feature_stats, frechet_distance, load_stats
+from scalelong.frechet import FeatureFn, feature_fn, feature_stats, frechet_distance, load_stats
 from scalelong.sampling import generate
 
 EVAL_SEED_OFFSET = 1_000_003  # evaluation noise never coincides with the training noise streams
@@ -34,7 +34,7 @@ def reference_for(e: EvalConfig) -> tuple[np.ndarray, np.ndarray]:
     if e.fid_stats:
         return load_stats(e.fid_stats, e.metric)
     if e.metric == "fd-mnist":
-        from scalelong.metrics import mnist_reference_stats
+        from scalelong.frechet import mnist_reference_stats
 
         return mnist_reference_stats("train")
     raise ScaleLongError("eval.metric=fid needs eval.fid_stats=PATH (make it with `scalelong fid-stats`)")
@@ -381,7 +381,7 @@ def compute_reference_stats(
     random_init: bool = False,
 ) -> tuple[Path, int]:
     """Reference statistics of the config's dataset to ``out`` (the first stage of FID)."""
-    from scalelong.metrics import batch_features, save_stats
+    from scalelong.frechet import batch_features, save_stats
 
     features = feature_fn(metric, device, inception_weights, random_init)  # fails fast without weights
     images = dataset_images(cfg, limit)
@@ -416,14 +416,14 @@ def evaluate_run(
         )
     run_cfg = load_config(run_dir / "config.yaml")
     if fid_stats is not None and metric is None:  # a statistics file says which features it holds
-        from scalelong.metrics import stored_metric
+        from scalelong.frechet import stored_metric
 
         metric = stored_metric(fid_stats) or "fid"
     metric = metric or run_cfg.eval.metric
     if fid_stats is not None:
         ref = load_stats(fid_stats, metric)
     elif metric == "fd-mnist":
-        from scalelong.metrics import mnist_reference_stats
+        from scalelong.frechet import mnist_reference_stats
 
         ref = mnist_reference_stats("train")
     else:

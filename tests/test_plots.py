@@ -4,7 +4,7 @@ import sys
 import pytest
 
 from scalelong.errors import ScaleLongError
-from scalelong.report import load_metrics, series, steps_to_target, write_plots
+from scalelong.plots import load_metrics, series, steps_to_target, write_plots
 from scalelong.tracking import MetricsLog
 
 

@@ -10,7 +10,7 @@ from scipy import linalg
 from scalelong.data import embedded_mnist
 from scalelong.errors import ScaleLongError
 from scalelong.fd_mnist import accuracy, shipped_classifier
-from scalelong.metrics import (
+from scalelong.frechet import (
     fd_of_images,
     feature_stats,
     frechet_distance,
@@ -95,7 +95,7 @@ def test_fd_mnist_classifier_accuracy() -> None:
 
 
 def test_fd_mnist_separates_real_digits_from_noise() -> None:
-    from scalelong.metrics import fd_mnist_features
+    from scalelong.frechet import fd_mnist_features
 
     features, ref = fd_mnist_features(), mnist_reference_stats("train")
     real = fd_of_images(features, embedded_mnist("test")[0], ref)
