@@ -4,12 +4,47 @@ import pytest
 
 from conftest import tiny_uvit_overrides
 from scalelong.cli import main
-from scalelong.compare import mean_ci, parse_methods, summarise, summary_table
+from scalelong.compare import mean_ci, parse_methods, steps_to_target, summarise, summary_table
 from scalelong.errors import ScaleLongError
 
 
 def fd_curve(steps_to_values):
     return [{"step": s, "fd": v, "loss": 1.0} for s, v in steps_to_values]
+
+
+def fd_records(values, start=1000, every=1000):
+    return [{"step": start + k * every, "fd": v} for k, v in enumerate(values)]
+
+
+def test_steps_to_target_known_answer():
+    runs = {
+        "none": fd_records([100.0, 50.0, 30.0, 20.0]),  # final 20, first reached at 4000
+        "cs": fd_records([80.0, 30.0, 20.0, 15.0]),  # reaches 20 at 3000
+        "ls": fd_records([60.0, "nan", 19.0, 12.0]),  # the NaN at 2000 does not count; 19 at 3000
+        "sqrt2": fd_records([90.0, 60.0, 40.0, 25.0]),  # never
+        "fast": fd_records([18.0, 10.0]),  # at 1000
+    }
+    res = steps_to_target(runs, "none")
+    assert res.target == 20.0
+    assert res.steps == {"none": 4000, "cs": 3000, "ls": 3000, "sqrt2": None, "fast": 1000}
+    assert res.speedup == {
+        "none": 1.0,
+        "cs": pytest.approx(4 / 3),
+        "ls": pytest.approx(4 / 3),
+        "sqrt2": None,
+        "fast": 4.0,
+    }
+
+
+def test_steps_to_target_non_monotone_baseline_and_errors():
+    runs = {"none": fd_records([100.0, 15.0, 30.0, 20.0]), "cs": fd_records([20.0, 10.0])}
+    res = steps_to_target(runs, "none")
+    assert res.steps["none"] == 2000  # it first got as good as its final value at step 2000
+    assert res.speedup["cs"] == 2.0
+    with pytest.raises(ScaleLongError, match="baseline"):
+        steps_to_target(runs, "ls")
+    with pytest.raises(ScaleLongError, match="finite"):
+        steps_to_target({"none": fd_records(["nan"])}, "none")
 
 
 def test_summary_pairs_speedups_by_seed_with_known_answer():
@@ -42,8 +77,12 @@ def test_summary_pairs_speedups_by_seed_with_known_answer():
 def test_mean_ci_matches_the_t_interval():
     mean, half = mean_ci([1.0, 2.0, 3.0, 4.0, 5.0])
     assert mean == 3.0
-    assert half == pytest.approx(2.776 * math.sqrt(2.5) / math.sqrt(5))
+    t95 = 2.7764451051977987  # two-sided 95% Student t quantile, 4 degrees of freedom
+    assert half == pytest.approx(t95 * math.sqrt(2.5) / math.sqrt(5), rel=1e-12)
     assert math.isnan(mean_ci([7.0])[1])
+    # beyond 30 degrees of freedom too (the quantile tends to 1.96, never reaching it)
+    _, half = mean_ci([0.0, 1.0] * 25)
+    assert half == pytest.approx(2.0095752371292392 * 0.5050762722761054 / math.sqrt(50), rel=1e-12)
 
 
 def test_parse_methods_rejects_unknown_and_repeated():

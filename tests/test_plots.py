@@ -4,43 +4,8 @@ import sys
 import pytest
 
 from scalelong.errors import ScaleLongError
-from scalelong.plots import load_metrics, series, steps_to_target, write_plots
+from scalelong.plots import load_metrics, series, write_plots
 from scalelong.tracking import MetricsLog
-
-
-def fd_records(values, start=1000, every=1000):
-    return [{"step": start + k * every, "fd": v} for k, v in enumerate(values)]
-
-
-def test_steps_to_target_known_answer():
-    runs = {
-        "none": fd_records([100.0, 50.0, 30.0, 20.0]),  # final 20, first reached at 4000
-        "cs": fd_records([80.0, 30.0, 20.0, 15.0]),  # reaches 20 at 3000
-        "ls": fd_records([60.0, "nan", 19.0, 12.0]),  # the NaN at 2000 does not count; 19 at 3000
-        "sqrt2": fd_records([90.0, 60.0, 40.0, 25.0]),  # never
-        "fast": fd_records([18.0, 10.0]),  # at 1000
-    }
-    res = steps_to_target(runs, "none")
-    assert res.target == 20.0
-    assert res.steps == {"none": 4000, "cs": 3000, "ls": 3000, "sqrt2": None, "fast": 1000}
-    assert res.speedup == {
-        "none": 1.0,
-        "cs": pytest.approx(4 / 3),
-        "ls": pytest.approx(4 / 3),
-        "sqrt2": None,
-        "fast": 4.0,
-    }
-
-
-def test_steps_to_target_non_monotone_baseline_and_errors():
-    runs = {"none": fd_records([100.0, 15.0, 30.0, 20.0]), "cs": fd_records([20.0, 10.0])}
-    res = steps_to_target(runs, "none")
-    assert res.steps["none"] == 2000  # it first got as good as its final value at step 2000
-    assert res.speedup["cs"] == 2.0
-    with pytest.raises(ScaleLongError, match="baseline"):
-        steps_to_target(runs, "ls")
-    with pytest.raises(ScaleLongError, match="finite"):
-        steps_to_target({"none": fd_records(["nan"])}, "none")
 
 
 def synthetic(method: str, scale: float, learned: bool) -> list[dict]:

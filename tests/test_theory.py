@@ -24,6 +24,9 @@ def test_sums_of_the_bounds():
 def test_fit_recovers_an_exact_line():
     c1, c2, r2 = fit_feature_bound([1.0, 2.0, 5.0], [5.0, 7.0, 13.0])
     assert (c1, c2, r2) == pytest.approx((2.0, 3.0, 1.0))
+    c1, c2, r2 = fit_feature_bound([1.0, 2.0, 3.0, 4.0], [1.0, 3.0, 2.0, 4.0])
+    assert (c1, c2, r2) == pytest.approx((0.8, 0.5, 0.64))  # residuals 0.3, -0.9, 0.9, -0.3 of ss_tot 5
+    assert math.isnan(fit_feature_bound([1.0, 2.0, 3.0], [4.0, 4.0, 4.0])[2])
 
 
 def test_relu_unet_follows_its_recursion():

@@ -17,44 +17,12 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+import scipy.stats
+
 from scalelong.config import Config
 from scalelong.errors import ScaleLongError
-from scalelong.plots import Records, as_float, load_metrics, series, steps_to_target, write_plots
+from scalelong.plots import Records, as_float, load_metrics, series, write_plots
 from scalelong.skips import METHODS
-
-# Two-sided 95% Student t quantiles by degrees of freedom (1..30); beyond that 1.96 is close enough.
-_T95 = [
-    12.706,
-    4.303,
-    3.182,
-    2.776,
-    2.571,
-    2.447,
-    2.365,
-    2.306,
-    2.262,
-    2.228,
-    2.201,
-    2.179,
-    2.160,
-    2.145,
-    2.131,
-    2.120,
-    2.110,
-    2.101,
-    2.093,
-    2.086,
-    2.080,
-    2.074,
-    2.069,
-    2.064,
-    2.060,
-    2.056,
-    2.052,
-    2.048,
-    2.045,
-    2.042,
-]
 
 
 def mean_ci(values: Sequence[float]) -> tuple[float, float]:
@@ -64,8 +32,8 @@ def mean_ci(values: Sequence[float]) -> tuple[float, float]:
         return math.nan, math.nan
     if len(xs) == 1:
         return xs[0], math.nan
-    t = _T95[len(xs) - 2] if len(xs) - 1 <= len(_T95) else 1.96
-    return statistics.fmean(xs), t * statistics.stdev(xs) / math.sqrt(len(xs))
+    t = scipy.stats.t.ppf(0.975, df=len(xs) - 1)  # two-sided 95%
+    return statistics.fmean(xs), float(t) * statistics.stdev(xs) / math.sqrt(len(xs))
 
 
 def fmt_ci(values: Sequence[float], digits: int = 3, unit: str = "") -> str:
@@ -93,6 +61,37 @@ def _last(records: Records, key: str) -> float:
     _, values = series(records, key)
     finite = [v for v in values if math.isfinite(v)]
     return finite[-1] if finite else math.nan
+
+
+@dataclass
+class TargetResult:
+    """Steps each method needs to reach the baseline's final value of a lower-is-better metric."""
+
+    target: float  # the baseline's last finite value
+    steps: dict[str, int | None]  # first logged step at or below target; None if never reached
+    speedup: dict[str, float | None]  # baseline's steps / method's steps
+
+
+def steps_to_target(records_by_method: Mapping[str, Records], baseline: str, key: str = "fd") -> TargetResult:
+    """Steps to reach the baseline's final ``key`` (e.g. Frechet distance) and the speed-up.
+
+    The baseline's own count is the first step at which it reached its final value (which can
+    be earlier than its last step when the metric is not monotone), so the baseline's speed-up is 1.
+    """
+    if baseline not in records_by_method:
+        raise ScaleLongError(f"baseline {baseline!r} not among the methods {sorted(records_by_method)}")
+    _, base_values = series(records_by_method[baseline], key)
+    finite = [v for v in base_values if math.isfinite(v)]
+    if not finite:
+        raise ScaleLongError(f"the baseline {baseline!r} has no finite {key!r} values")
+    target = finite[-1]
+    steps: dict[str, int | None] = {}
+    for method, records in records_by_method.items():
+        # NaN compares False, so a diverged evaluation never counts as reaching the target.
+        steps[method] = next((s for s, v in zip(*series(records, key), strict=True) if v <= target), None)
+    base_steps = steps[baseline]
+    speedup = {m: (base_steps / s if s and base_steps else None) for m, s in steps.items()}
+    return TargetResult(target, steps, speedup)
 
 
 @dataclass

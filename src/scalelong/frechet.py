@@ -18,6 +18,7 @@ import socket
 import warnings
 from collections.abc import Callable, Iterable
 from pathlib import Path
+from unittest.mock import patch
 
 import numpy as np
 import torch
@@ -184,22 +185,12 @@ def load_inception(weights: str | Path | None = None, random_init: bool = False)
             from torchvision.models.inception import Inception3
 
             loader = lambda url, progress=True: {}  # noqa: E731
-            stack.enter_context(_patched(Inception3, "load_state_dict", lambda self, *a, **k: None))
-        stack.enter_context(_patched(pfi, "load_state_dict_from_url", loader))
+            stack.enter_context(patch.object(Inception3, "load_state_dict", lambda self, *a, **k: None))
+        stack.enter_context(patch.object(pfi, "load_state_dict_from_url", loader))
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", FutureWarning)  # torchvision's notice on default init
             net = pfi.InceptionV3([pfi.InceptionV3.BLOCK_INDEX_BY_DIM[2048]])
     return net.eval()
-
-
-@contextlib.contextmanager
-def _patched(obj, name: str, value):
-    old = getattr(obj, name)
-    setattr(obj, name, value)
-    try:
-        yield
-    finally:
-        setattr(obj, name, old)
 
 
 def inception_features(

@@ -1,4 +1,5 @@
-"""Plots and speed-up numbers from ``metrics.jsonl`` records, one list of records per method.
+"""Plots of ``metrics.jsonl`` records, one list of records per method (``scalelong analyze``,
+``scalelong compare``).
 
 Records are the dicts the trainer logs (``step`` plus flat metrics; see
 :mod:`scalelong.diagnostics` for the diagnostic names). Non-finite values, which the metrics log
@@ -13,7 +14,6 @@ from __future__ import annotations
 import math
 import re
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 
 from scalelong.errors import ScaleLongError
@@ -51,40 +51,6 @@ def series(records: Records, key: str) -> tuple[list[int], list[float]]:
     """(steps, values) of the records that hold ``key``, in step order."""
     pairs = sorted((int(r["step"]), as_float(r[key])) for r in records if key in r and "step" in r)
     return [s for s, _ in pairs], [v for _, v in pairs]
-
-
-# ---------------------------------------------------------------------- speed-up
-
-
-@dataclass
-class TargetResult:
-    """Steps each method needs to reach the baseline's final value of a lower-is-better metric."""
-
-    target: float  # the baseline's last finite value
-    steps: dict[str, int | None]  # first logged step at or below target; None if never reached
-    speedup: dict[str, float | None]  # baseline's steps / method's steps
-
-
-def steps_to_target(records_by_method: Mapping[str, Records], baseline: str, key: str = "fd") -> TargetResult:
-    """Steps to reach the baseline's final ``key`` (e.g. Frechet distance) and the speed-up.
-
-    The baseline's own count is the first step at which it reached its final value (which can
-    be earlier than its last step when the metric is not monotone), so the baseline's speed-up is 1.
-    """
-    if baseline not in records_by_method:
-        raise ScaleLongError(f"baseline {baseline!r} not among the methods {sorted(records_by_method)}")
-    _, base_values = series(records_by_method[baseline], key)
-    finite = [v for v in base_values if math.isfinite(v)]
-    if not finite:
-        raise ScaleLongError(f"the baseline {baseline!r} has no finite {key!r} values")
-    target = finite[-1]
-    steps: dict[str, int | None] = {}
-    for method, records in records_by_method.items():
-        # NaN compares False, so a diverged evaluation never counts as reaching the target.
-        steps[method] = next((s for s, v in zip(*series(records, key), strict=True) if v <= target), None)
-    base_steps = steps[baseline]
-    speedup = {m: (base_steps / s if s and base_steps else None) for m, s in steps.items()}
-    return TargetResult(target, steps, speedup)
 
 
 # ---------------------------------------------------------------------- plots
@@ -208,11 +174,9 @@ def write_plots(
 
 
 __all__ = [
-    "TargetResult",
     "as_float",
     "load_metrics",
     "series",
-    "steps_to_target",
     "plot_loss",
     "plot_feature_norm",
     "plot_fd",

@@ -14,6 +14,7 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+import scipy.stats
 import torch
 from torch import nn
 
@@ -151,15 +152,10 @@ class BoundFit:
 
 
 def fit_feature_bound(x: Sequence[float], y: Sequence[float]) -> tuple[float, float, float]:
-    """(c1, c2, R^2) of the ordinary least-squares line y = c1 x + c2."""
-    xs = torch.tensor(x, dtype=torch.float64)
-    ys = torch.tensor(y, dtype=torch.float64)
-    design = torch.stack([xs, torch.ones_like(xs)], dim=1)
-    coef = torch.linalg.lstsq(design, ys[:, None]).solution[:, 0]
-    resid = ys - design @ coef
-    ss_tot = (ys - ys.mean()).square().sum()
-    r2 = 1.0 - resid.square().sum() / ss_tot if ss_tot > 0 else torch.tensor(math.nan)
-    return coef[0].item(), coef[1].item(), float(r2)
+    """(c1, c2, R^2) of the ordinary least-squares line y = c1 x + c2 (R^2 is NaN for a constant y)."""
+    fit = scipy.stats.linregress(x, y)
+    r2 = fit.rvalue**2 if max(y) > min(y) else math.nan
+    return float(fit.slope), float(fit.intercept), float(r2)
 
 
 @torch.no_grad()
