@@ -1,10 +1,11 @@
 import pytest
 import torch
 
+from scalelong.data import LatentCaptions
 from scalelong.diffusion import DiscreteDDPM
 from scalelong.errors import ScaleLongError
 from scalelong.models import UViT
-from scalelong.t2i import LatentCaptions, extract_features, guided_eps_fn
+from scalelong.t2i import extract_features, guided_eps_fn
 from t2i_fixtures import fake_coco, tiny_autoencoder, tiny_text_encoder
 
 pytest.importorskip("transformers")

@@ -15,6 +15,10 @@ Datasets (``data.name``), each read from ``data.path``:
   (keys ``data`` (N, 12288) uint8, ``labels`` 1..1000), or an image folder with one subfolder
   per class (centre crop, resize to 64).
 * ``folder``: every image under a folder, label 0; ``data.resolution`` > 0 centre-crops and resizes.
+* ``coco_latents``: :class:`LatentCaptions`, the latent + caption shards of ``scalelong
+  extract-features`` (:mod:`scalelong.t2i`); items are (latent, caption embedding).
+
+:func:`from_uint8` and :func:`to_uint8` convert between stored pixels and the [-1, 1] convention.
 """
 
 from __future__ import annotations
@@ -65,7 +69,7 @@ def embedded_mnist(split: str = "train") -> tuple[torch.Tensor, torch.Tensor]:
     pixels, labels = _load_mnist_5k()
     index = np.arange(len(labels))
     keep = {"train": index % 5 != 4, "test": index % 5 == 4, "all": index >= 0}[split]
-    images = torch.from_numpy(pixels[keep]).float().div(127.5).sub(1.0)
+    images = from_uint8(pixels[keep])
     images = torch.nn.functional.pad(images, (2, 2, 2, 2), value=-1.0).unsqueeze(1)
     return images, torch.from_numpy(labels[keep])
 
@@ -138,9 +142,14 @@ IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".bmp", ".webp", ".tif", ".tiff")
 CELEBA_BOX = (25, 57, 153, 185)  # (left, top, right, bottom): 128x128 around centre (89, 121)
 
 
-def _to_unit_range(pixels: np.ndarray) -> torch.Tensor:
-    """uint8 (C, H, W) -> float32 in [-1, 1]."""
+def from_uint8(pixels: np.ndarray) -> torch.Tensor:
+    """uint8 pixels -> float32 in [-1, 1], same shape."""
     return torch.from_numpy(np.ascontiguousarray(pixels)).float().div(127.5).sub(1.0)
+
+
+def to_uint8(images: torch.Tensor) -> torch.Tensor:
+    """Images in [-1, 1] -> the uint8 pixels a PNG of them holds, same shape and device."""
+    return ((images.float().clamp(-1, 1) + 1) * 127.5).round().to(torch.uint8)
 
 
 class UInt8Images(Dataset):
@@ -162,7 +171,7 @@ class UInt8Images(Dataset):
     def __getitem__(self, i: int) -> tuple[torch.Tensor, torch.Tensor]:
         k = int(np.searchsorted(self.offsets, i, side="right")) - 1
         pixels = np.asarray(self.arrays[k][i - self.offsets[k]]).reshape(self.shape)
-        return _to_unit_range(pixels), self.labels[i]
+        return from_uint8(pixels), self.labels[i]
 
 
 class ImageFiles(Dataset):
@@ -187,7 +196,7 @@ class ImageFiles(Dataset):
             raise
         except (OSError, ValueError, SyntaxError) as e:  # PIL's errors for damaged files
             raise ScaleLongError(f"corrupt or unreadable image {path} ({e})") from None
-        return _to_unit_range(pixels), self.labels[i]
+        return from_uint8(pixels), self.labels[i]
 
 
 def _centre_crop_resize(side: int) -> Callable:
@@ -408,6 +417,42 @@ def load_folder(path: str | None, resolution: int = 0) -> ImageFiles:
     return ImageFiles(files, [0] * len(files), transform, f"images from {root}: {len(files):,}")
 
 
+class LatentCaptions(Dataset):
+    """Feature shards as a dataset of (latent (4, h, w), caption context (77, D)), one item per caption."""
+
+    def __init__(self, path: str | Path):
+        from safetensors.torch import load_file
+
+        path = Path(path)
+        shards = sorted(path.glob("shard-*.safetensors"))
+        if not (path / "meta.json").is_file() or not shards:
+            raise ScaleLongError(
+                f"no feature shards in {path}; expected meta.json, null_context.safetensors and "
+                "shard-*.safetensors made by `scalelong extract-features`"
+            )
+        latents, contexts, index, offset = [], [], [], 0
+        for shard in shards:
+            try:
+                data = load_file(shard)
+            except Exception as e:  # safetensors raises several types for a damaged file
+                raise ScaleLongError(
+                    f"feature shard {shard} is corrupt ({e}); delete it and re-extract"
+                ) from e
+            latents.append(data["latents"])
+            contexts.append(data["context"])
+            index.append(data["image_index"] + offset)
+            offset += len(data["latents"])
+        self.latents, self.context = torch.cat(latents), torch.cat(contexts)
+        self.image_index = torch.cat(index)
+        self.null_context = load_file(path / "null_context.safetensors")["context"].float()
+
+    def __len__(self) -> int:
+        return len(self.context)
+
+    def __getitem__(self, i: int) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.latents[self.image_index[i]], self.context[i].float()
+
+
 def load_dataset(name: str, path: str | None = None, split: str = "train", resolution: int = 0) -> Dataset:
     """The dataset ``name`` (see the module docstring); a wrong path names the expected layout."""
     if name == "mnist":
@@ -423,8 +468,6 @@ def load_dataset(name: str, path: str | None = None, split: str = "train", resol
     if name == "folder":
         return load_folder(path, resolution)
     if name == "coco_latents":
-        from scalelong.t2i import LatentCaptions
-
         if not path:
             raise ScaleLongError(
                 "data.name=coco_latents needs data.path: a folder made by `scalelong extract-features`"

@@ -22,6 +22,7 @@ import torch
 from torch import nn
 
 from scalelong.config import Config, EvalConfig
+from scalelong.data import to_uint8
 from scalelong.errors import ScaleLongError
 from scalelong.frechet import FeatureFn, feature_fn, feature_stats, frechet_distance, load_stats
 from scalelong.sampling import generate
@@ -269,8 +270,7 @@ def load_run(
 
 def _to_uint8(images: torch.Tensor) -> np.ndarray:
     """(B, C, H, W) in [-1, 1] -> (B, H, W, C) uint8."""
-    x = ((images.float().clamp(-1, 1) + 1) * 127.5).round().to(torch.uint8)
-    return x.permute(0, 2, 3, 1).cpu().numpy()
+    return to_uint8(images).permute(0, 2, 3, 1).cpu().numpy()
 
 
 def _write_png(array: np.ndarray, path: Path) -> None:

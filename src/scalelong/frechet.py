@@ -24,6 +24,7 @@ import numpy as np
 import torch
 
 from scalelong.config import METRIC_NAMES
+from scalelong.data import embedded_mnist, to_uint8
 from scalelong.errors import ScaleLongError
 
 METRICS = METRIC_NAMES
@@ -100,7 +101,7 @@ def load_stats(path: str | Path, metric: str | None = None) -> tuple[np.ndarray,
 
 def quantize(images: torch.Tensor) -> torch.Tensor:
     """[-1, 1] floats -> the [0, 1] values an 8-bit PNG of them would hold."""
-    return ((images.float().clamp(-1, 1) + 1) * 127.5).round() / 255.0
+    return to_uint8(images).float() / 255.0
 
 
 def fd_mnist_features(device: torch.device | str = "cpu") -> FeatureFn:
@@ -246,8 +247,6 @@ def reference_stats(
 @functools.lru_cache(maxsize=2)
 def mnist_reference_stats(split: str = "train") -> tuple[np.ndarray, np.ndarray]:
     """FD-MNIST statistics of the embedded digits (the default reference of the demo); cached, read-only."""
-    from scalelong.data import embedded_mnist
-
     return reference_stats("fd-mnist", embedded_mnist(split)[0])
 
 

@@ -6,7 +6,7 @@ shards that training reads. The autoencoder and text encoder come from the Huggi
 a connected machine or from local folders; offline without a local folder, loading fails with
 one line saying what to download.
 
-Shard layout of a feature folder::
+Shard layout of a feature folder (read back by :class:`scalelong.data.LatentCaptions`)::
 
     meta.json                    counts, scale, resolution, encoder names
     null_context.safetensors     {"context": (77, D)} the empty caption, for guidance and dropout
@@ -22,8 +22,8 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from torch.utils.data import Dataset
 
+from scalelong.data import from_uint8
 from scalelong.errors import ScaleLongError
 
 DEFAULT_AUTOENCODER = "CompVis/stable-diffusion-v1-4"  # its "vae" subfolder is SD's KL-f8
@@ -193,7 +193,7 @@ def extract_features(
         for b in range(0, len(chunk), batch_size):
             batch = chunk[b : b + batch_size]
             pixels = np.stack([center_crop(_load_rgb(image_dir / name), resolution) for name, _ in batch])
-            x = torch.from_numpy(pixels).permute(0, 3, 1, 2).float().div(127.5).sub(1).to(device)
+            x = from_uint8(pixels.transpose(0, 3, 1, 2)).to(device)
             latents.append(encode_images(x, autoencoder, scale).cpu())
             for j, (_, caps) in enumerate(batch):
                 contexts.append(encode_prompts(caps, tokenizer, text_encoder, device).cpu())
@@ -217,42 +217,6 @@ def extract_features(
     }
     (out_dir / "meta.json").write_text(json.dumps(meta, indent=1))
     return meta
-
-
-class LatentCaptions(Dataset):
-    """Feature shards as a dataset of (latent (4, h, w), caption context (77, D)), one item per caption."""
-
-    def __init__(self, path: str | Path):
-        from safetensors.torch import load_file
-
-        path = Path(path)
-        shards = sorted(path.glob("shard-*.safetensors"))
-        if not (path / "meta.json").is_file() or not shards:
-            raise ScaleLongError(
-                f"no feature shards in {path}; expected meta.json, null_context.safetensors and "
-                "shard-*.safetensors made by `scalelong extract-features`"
-            )
-        latents, contexts, index, offset = [], [], [], 0
-        for shard in shards:
-            try:
-                data = load_file(shard)
-            except Exception as e:  # safetensors raises several types for a damaged file
-                raise ScaleLongError(
-                    f"feature shard {shard} is corrupt ({e}); delete it and re-extract"
-                ) from e
-            latents.append(data["latents"])
-            contexts.append(data["context"])
-            index.append(data["image_index"] + offset)
-            offset += len(data["latents"])
-        self.latents, self.context = torch.cat(latents), torch.cat(contexts)
-        self.image_index = torch.cat(index)
-        self.null_context = load_file(path / "null_context.safetensors")["context"].float()
-
-    def __len__(self) -> int:
-        return len(self.context)
-
-    def __getitem__(self, i: int) -> tuple[torch.Tensor, torch.Tensor]:
-        return self.latents[self.image_index[i]], self.context[i].float()
 
 
 def guided_eps_fn(net, schedule, scale: float, cond: dict, uncond: dict):
