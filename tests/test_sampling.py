@@ -16,7 +16,7 @@ import torch
 from scalelong.config import SAMPLER_NAMES
 from scalelong.diffusion import VPSDE, DiscreteDDPM
 from scalelong.errors import ScaleLongError
-from scalelong.sampling import SAMPLERS, generate, randn
+from scalelong.sampling import DIFFUSERS_SCHEDULERS, SAMPLERS, generate, randn
 
 MU, S, TOL = 0.3, 0.5, 0.02
 # enough steps for each solver's discretisation error to sit well inside TOL
@@ -117,3 +117,10 @@ def test_unknown_sampler_is_a_user_error() -> None:
 
 def test_the_config_knows_every_sampler_by_name() -> None:
     assert tuple(SAMPLERS) == SAMPLER_NAMES
+
+
+@pytest.mark.parametrize("sampler", list(SAMPLERS))
+def test_every_sampler_has_a_discrete_hand_off_and_rejects_other_schedules(sampler: str) -> None:
+    assert sampler in DIFFUSERS_SCHEDULERS
+    with pytest.raises(ScaleLongError, match="VPSDE or DiscreteDDPM"):
+        SAMPLERS[sampler](exact_eps(VPSDE()), object(), torch.zeros(1, 1, 2, 2), 2)

@@ -17,7 +17,8 @@ import torch
 from scalelong.errors import ScaleLongError
 
 
-def _bcast(v: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
+def per_sample(v: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
+    """Per-sample values (B,) shaped to broadcast against ``like`` (B, ...), in its dtype."""
     return v.reshape(-1, *([1] * (like.ndim - 1))).to(like.dtype)
 
 
@@ -92,7 +93,7 @@ Schedule = VPSDE | DiscreteDDPM
 def add_noise(schedule: Schedule, x0: torch.Tensor, t: torch.Tensor, noise: torch.Tensor) -> torch.Tensor:
     """x_t = alpha(t) x_0 + sigma(t) noise."""
     alpha, sigma = schedule.alpha_sigma(t.to(x0.device))
-    return _bcast(alpha, x0) * x0 + _bcast(sigma, x0) * noise
+    return per_sample(alpha, x0) * x0 + per_sample(sigma, x0) * noise
 
 
 def training_loss(
@@ -128,7 +129,7 @@ def epsilon_loss(
 def epsilon_to_x0(schedule: Schedule, x_t: torch.Tensor, t: torch.Tensor, eps: torch.Tensor) -> torch.Tensor:
     """Tweedie's denoised estimate from an epsilon prediction."""
     alpha, sigma = schedule.alpha_sigma(t)
-    return (x_t - _bcast(sigma, x_t) * eps) / _bcast(alpha, x_t)
+    return (x_t - per_sample(sigma, x_t) * eps) / per_sample(alpha, x_t)
 
 
 __all__ = [
@@ -139,4 +140,5 @@ __all__ = [
     "training_loss",
     "epsilon_loss",
     "epsilon_to_x0",
+    "per_sample",
 ]

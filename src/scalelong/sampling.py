@@ -8,19 +8,22 @@ depend on the batch size.
 
 Every sampler serves both schedules: on the continuous :class:`VPSDE` it is implemented here;
 on the :class:`DiscreteDDPM` chain it runs the matching diffusers scheduler (optional extra
-``diffusers``). Network evaluations per call: ``steps`` (``steps + 1`` for ``euler_maruyama``
-and ``ode_euler``, which end with a Tweedie denoising step).
+``diffusers``), one table for all: :data:`DIFFUSERS_SCHEDULERS`. Network evaluations per call:
+``steps`` (``steps + 1`` for ``euler_maruyama`` and ``ode_euler``, which end with a Tweedie
+denoising step).
 """
 
 from __future__ import annotations
 
+import functools
+import inspect
 import math
 import warnings
 from collections.abc import Callable, Sequence
 
 import torch
 
-from scalelong.diffusion import VPSDE, DiscreteDDPM, Schedule, epsilon_to_x0
+from scalelong.diffusion import VPSDE, DiscreteDDPM, Schedule, epsilon_to_x0, per_sample
 from scalelong.errors import ScaleLongError
 from scalelong.models import conditioning
 
@@ -43,13 +46,34 @@ def _full(x: torch.Tensor, t: float) -> torch.Tensor:
     return torch.full((x.shape[0],), t, device=x.device, dtype=torch.float32)
 
 
-def _col(v: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
-    return v.reshape(-1, *([1] * (x.ndim - 1))).to(x.dtype)
-
-
 # ----------------------------------------------------------------------------- discrete (diffusers)
 
+# On the DiscreteDDPM chain every sampler hands off to the matching diffusers scheduler: its
+# class, its options, and the sampler arguments its step() takes as well.
+DIFFUSERS_SCHEDULERS: dict[str, tuple[str, dict, tuple[str, ...]]] = {
+    "euler_maruyama": ("DDPMScheduler", {"clip_sample": False, "timestep_spacing": "trailing"}, ()),
+    "ode_euler": ("EulerDiscreteScheduler", {"timestep_spacing": "trailing"}, ()),
+    "ddim": (
+        "DDIMScheduler",
+        {"clip_sample": False, "set_alpha_to_one": True, "timestep_spacing": "trailing"},
+        ("eta",),
+    ),
+    "dpm_solver": (
+        "DPMSolverMultistepScheduler",
+        # final_sigmas_type "zero" exists only for the ++ variant; Lu lambdas: logSNR-uniform
+        # steps, as on the continuous schedule
+        {"algorithm_type": "dpmsolver", "final_sigmas_type": "sigma_min", "use_lu_lambdas": True},
+        (),
+    ),
+    "dpm_solver_pp": (
+        "DPMSolverMultistepScheduler",
+        {"algorithm_type": "dpmsolver++", "use_lu_lambdas": True},
+        (),
+    ),
+}
 
+
+@torch.no_grad()
 def _diffusers_loop(scheduler, eps_fn: EpsFn, x: torch.Tensor, steps: int, generator: Generators, **kw):
     """Run a diffusers scheduler configured for our DDPM betas; x_T is N(0, I) as for every sampler."""
     scheduler.set_timesteps(steps)
@@ -68,19 +92,41 @@ def _scheduler(name: str, schedule: DiscreteDDPM, **options):
         raise ScaleLongError(
             "sampling the discrete ddpm schedule uses diffusers: pip install 'scalelong[diffusers]'"
         ) from e
-    return getattr(diffusers, name)(
-        num_train_timesteps=schedule.num_steps, trained_betas=schedule.betas.tolist(), **options
-    )
+    with warnings.catch_warnings():  # diffusers marks the noise-prediction DPM-Solver as deprecated
+        warnings.simplefilter("ignore", FutureWarning)
+        return getattr(diffusers, name)(
+            num_train_timesteps=schedule.num_steps, trained_betas=schedule.betas.tolist(), **options
+        )
 
 
-def _require_schedule(schedule: Schedule) -> None:
-    if not isinstance(schedule, (VPSDE, DiscreteDDPM)):
-        raise ScaleLongError(f"samplers need a VPSDE or DiscreteDDPM schedule, got {type(schedule).__name__}")
+def _sampler(vpsde_sampler: Callable[..., torch.Tensor]) -> Callable[..., torch.Tensor]:
+    """A sampler of the shared signature for both schedules: the function given integrates the
+    continuous VP-SDE; on the discrete chain the call goes to its row of DIFFUSERS_SCHEDULERS."""
+    name, signature = vpsde_sampler.__name__, inspect.signature(vpsde_sampler)
+
+    @functools.wraps(vpsde_sampler)
+    def sampler(*args, **kwargs) -> torch.Tensor:
+        call = signature.bind(*args, **kwargs)
+        call.apply_defaults()
+        a = call.arguments
+        if isinstance(a["schedule"], DiscreteDDPM):
+            scheduler, options, step_args = DIFFUSERS_SCHEDULERS[name]
+            steps_with = {k: a[k] for k in step_args}
+            sched = _scheduler(scheduler, a["schedule"], **options)
+            return _diffusers_loop(sched, a["eps_fn"], a["x"], a["steps"], a["generator"], **steps_with)
+        if not isinstance(a["schedule"], VPSDE):
+            raise ScaleLongError(
+                f"samplers need a VPSDE or DiscreteDDPM schedule, got {type(a['schedule']).__name__}"
+            )
+        return vpsde_sampler(*args, **kwargs)
+
+    return sampler
 
 
 # ----------------------------------------------------------------------------- samplers
 
 
+@_sampler
 @torch.no_grad()
 def euler_maruyama(
     eps_fn: EpsFn,
@@ -94,24 +140,21 @@ def euler_maruyama(
 
     On the discrete schedule: ancestral DDPM sampling (Ho et al. 2020, Alg. 2), diffusers' DDPMScheduler.
     """
-    _require_schedule(schedule)
-    if isinstance(schedule, DiscreteDDPM):
-        sched = _scheduler("DDPMScheduler", schedule, clip_sample=False, timestep_spacing="trailing")
-        return _diffusers_loop(sched, eps_fn, x, steps, generator)
     ts = torch.linspace(1.0, t_end, steps + 1, dtype=torch.float64)
     for i in range(steps):
         t, h = ts[i].item(), (ts[i] - ts[i + 1]).item()
         tt = _full(x, t)
-        beta = _col(schedule.beta(tt), x)
+        beta = per_sample(schedule.beta(tt), x)
         _, sigma = schedule.alpha_sigma(tt)
         eps = eps_fn(x, tt)
         # x_{t-h} = x_t + [1/2 beta x_t + beta * score] h + sqrt(beta h) z, score = -eps / sigma
-        x = x + (0.5 * beta * x - beta * eps / _col(sigma, x)) * h
+        x = x + (0.5 * beta * x - beta * eps / per_sample(sigma, x)) * h
         x = x + (beta * h).sqrt() * randn(x.shape, generator, x.device)
     t = _full(x, t_end)
     return epsilon_to_x0(schedule, x, t, eps_fn(x, t))
 
 
+@_sampler
 @torch.no_grad()
 def ode_euler(
     eps_fn: EpsFn,
@@ -125,22 +168,19 @@ def ode_euler(
 
     On the discrete schedule: diffusers' EulerDiscreteScheduler (the same ODE in sigma = sigma_t / alpha_t).
     """
-    _require_schedule(schedule)
-    if isinstance(schedule, DiscreteDDPM):
-        sched = _scheduler("EulerDiscreteScheduler", schedule, timestep_spacing="trailing")
-        return _diffusers_loop(sched, eps_fn, x, steps, generator)
     ts = torch.linspace(1.0, t_end, steps + 1, dtype=torch.float64)
     for i in range(steps):
         t, h = ts[i].item(), (ts[i] - ts[i + 1]).item()
         tt = _full(x, t)
-        beta = _col(schedule.beta(tt), x)
+        beta = per_sample(schedule.beta(tt), x)
         _, sigma = schedule.alpha_sigma(tt)
         # dx/dt = -1/2 beta (x + score), score = -eps / sigma; stepping backwards in time by h
-        x = x + 0.5 * beta * h * (x - eps_fn(x, tt) / _col(sigma, x))
+        x = x + 0.5 * beta * h * (x - eps_fn(x, tt) / per_sample(sigma, x))
     t = _full(x, t_end)
     return epsilon_to_x0(schedule, x, t, eps_fn(x, t))
 
 
+@_sampler
 @torch.no_grad()
 def ddim(
     eps_fn: EpsFn,
@@ -155,21 +195,15 @@ def ddim(
 
     On the discrete schedule: diffusers' DDIMScheduler ("trailing" steps, no clipping).
     """
-    _require_schedule(schedule)
-    if isinstance(schedule, DiscreteDDPM):
-        sched = _scheduler(
-            "DDIMScheduler", schedule, clip_sample=False, set_alpha_to_one=True, timestep_spacing="trailing"
-        )
-        return _diffusers_loop(sched, eps_fn, x, steps, generator, eta=eta)
     ts = torch.linspace(1.0, t_end, steps, dtype=torch.float64)
     for i in range(steps):
         tt = _full(x, ts[i].item())
-        a_s, s_s = (_col(v, x) for v in schedule.alpha_sigma(tt))
+        a_s, s_s = (per_sample(v, x) for v in schedule.alpha_sigma(tt))
         eps = eps_fn(x, tt)
         x0 = (x - s_s * eps) / a_s
         if i == steps - 1:
             return x0
-        a_t, s_t = (_col(v, x) for v in schedule.alpha_sigma(_full(x, ts[i + 1].item())))
+        a_t, s_t = (per_sample(v, x) for v in schedule.alpha_sigma(_full(x, ts[i + 1].item())))
         # eta = 0: deterministic; eta = 1: the ancestral (DDPM posterior) variance
         s_eta = eta * (s_t / s_s) * (1 - (a_s / a_t) ** 2).clamp(min=0).sqrt()
         x = a_t * x0 + (s_t**2 - s_eta**2).sqrt() * eps
@@ -231,6 +265,7 @@ def _dpm_solver(
     return x
 
 
+@_sampler
 @torch.no_grad()
 def dpm_solver(
     eps_fn: EpsFn,
@@ -245,21 +280,10 @@ def dpm_solver(
 
     The recipe's 50-step sampler for class-conditional ImageNet 64.
     """
-    _require_schedule(schedule)
-    if isinstance(schedule, DiscreteDDPM):
-        with warnings.catch_warnings():  # diffusers marks the noise-prediction variant as deprecated
-            warnings.simplefilter("ignore", FutureWarning)
-            sched = _scheduler(
-                "DPMSolverMultistepScheduler",
-                schedule,
-                algorithm_type="dpmsolver",
-                final_sigmas_type="sigma_min",  # "zero" exists only for the ++ variant
-                use_lu_lambdas=True,  # logSNR-uniform steps, as on the continuous schedule
-            )
-        return _diffusers_loop(sched, eps_fn, x, steps, generator)
     return _dpm_solver(eps_fn, schedule, x, steps, False, t_end, skip_type)
 
 
+@_sampler
 @torch.no_grad()
 def dpm_solver_pp(
     eps_fn: EpsFn,
@@ -274,12 +298,6 @@ def dpm_solver_pp(
 
     The recipe's 50-step sampler for MS-COCO.
     """
-    _require_schedule(schedule)
-    if isinstance(schedule, DiscreteDDPM):
-        sched = _scheduler(
-            "DPMSolverMultistepScheduler", schedule, algorithm_type="dpmsolver++", use_lu_lambdas=True
-        )
-        return _diffusers_loop(sched, eps_fn, x, steps, generator)
     return _dpm_solver(eps_fn, schedule, x, steps, True, t_end, skip_type)
 
 
