@@ -5,7 +5,7 @@ import pytest
 
 from scalelong.errors import ScaleLongError
 from scalelong.plots import load_metrics, series, write_plots
-from scalelong.tracking import MetricsLog
+from scalelong.runs import MetricsLog
 
 
 def synthetic(method: str, scale: float, learned: bool) -> list[dict]:

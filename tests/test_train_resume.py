@@ -6,6 +6,7 @@ compute in the same environment and their weights can be compared bit for bit.
 """
 
 import json
+import math
 import os
 import shutil
 import signal
@@ -210,17 +211,20 @@ def test_keep_last_k_and_refuse_nonfinite(tmp_path):
 
 
 def test_tracker_truncates_on_resume_and_skips_missing_tensorboard(tmp_path, monkeypatch, capsys):
-    from scalelong.tracking import MetricsLog, Tracker
+    from scalelong.runs import RunDir
+    from scalelong.tracking import Tracker
 
-    tracker = Tracker(tmp_path, {}, tensorboard=True)
+    run = RunDir(tmp_path)
+    tracker = Tracker(run, {}, tensorboard=True)
     for step in (2, 4, 6):
         tracker.log({"step": step, "loss": 1.0 / step, "nonfinite_steps": 0})
     tracker.close()
-    assert len(list((tmp_path / "tb").iterdir())) == 1
+    assert len(list(run.tb_dir.iterdir())) == 1
     monkeypatch.setitem(sys.modules, "torch.utils.tensorboard", None)  # as if not installed
-    resumed = Tracker(tmp_path, {}, start_step=4, tensorboard=True)
+    resumed = Tracker(run, {}, start_step=4, tensorboard=True)
     out = capsys.readouterr().out
     assert out.count("\n") == 1 and "tensorboard is not installed" in out and resumed.tb is None
     resumed.log({"step": 6, "loss": float("nan")})
-    records = MetricsLog.read(tmp_path / "metrics.jsonl")
-    assert [r["step"] for r in records] == [2, 4, 6] and records[-1]["loss"] == "nan"
+    records = run.metrics()
+    assert [r["step"] for r in records] == [2, 4, 6] and math.isnan(records[-1]["loss"])
+    assert run.metrics_file.read_text().splitlines()[-1] == '{"step": 6, "loss": "nan"}'  # JSON has no NaN

@@ -10,7 +10,8 @@ Layout of ``checkpoints/step-000500/``::
 
 A checkpoint is written into ``.tmp-step-000500`` and renamed when complete, so a crash never
 leaves a half-written folder under the final name; ``meta.json`` is written last and its
-checksums let :func:`find_resumable` skip a checkpoint that was damaged afterwards.
+checksums let :func:`find_resumable` skip a checkpoint that was damaged afterwards. The run
+directory around the checkpoints is :mod:`scalelong.runs`.
 """
 
 from __future__ import annotations
@@ -27,30 +28,12 @@ import torch
 from safetensors.torch import load_file, save_file
 from torch import nn
 
-from scalelong.config import Config, config_to_dict, read_yaml, save_config
 from scalelong.errors import ScaleLongError
 
 FORMAT = 1
 TMP_PREFIX = ".tmp-"
-
-# Dotted config keys (or prefixes) that may differ between a run directory and a resumed run.
-RESUME_FREE_KEYS = (
-    "name",
-    "out_dir",
-    "train.steps",
-    "train.log_every",
-    "train.compile",
-    "train.checkpoint_every",
-    "train.keep_checkpoints",
-    "train.tensorboard",
-    "train.wandb",
-    "train.max_nonfinite_steps",
-    "train.debug_",
-    "data.path",
-    "data.num_workers",
-    "sample.",
-    "eval.",
-)
+WEIGHTS = ("model.safetensors", "ema.safetensors")
+TRAINING_STATE = ("optimizer.pt", "trainer.pt")  # what a resume needs besides the weights
 
 
 def step_dir_name(step: int) -> str:
@@ -157,7 +140,7 @@ def checkpoint_problem(path: Path) -> str | None:
         files = meta["files"]
     except (OSError, ValueError, KeyError, TypeError) as e:
         return f"meta.json is missing or unreadable ({type(e).__name__})"
-    for name in ("model.safetensors", "ema.safetensors", "optimizer.pt", "trainer.pt"):
+    for name in WEIGHTS + TRAINING_STATE:
         if name not in files:
             return f"{name} is not part of it (a weights-only checkpoint)"
     for name, info in files.items():
@@ -215,63 +198,3 @@ def load_state(module: nn.Module, state: dict[str, torch.Tensor], source: str) -
             f"checkpoint {source} does not fit this model (missing {sorted(missing)[:3]}, "
             f"unexpected {sorted(unexpected)[:3]}); was it written with another config?"
         )
-
-
-# ----------------------------------------------------------------------------- run directory and resume
-
-
-def config_differences(old: dict, new: dict, prefix: str = "") -> list[str]:
-    """``key: old -> new`` for every dotted key that differs, except :data:`RESUME_FREE_KEYS`."""
-    out = []
-    for key in sorted(set(old) | set(new)):
-        dotted = f"{prefix}{key}"
-        a, b = old.get(key), new.get(key)
-        if isinstance(a, dict) and isinstance(b, dict):
-            out += config_differences(a, b, f"{dotted}.")
-        elif a != b and not any(
-            dotted == k or (k.endswith((".", "_")) and dotted.startswith(k)) for k in RESUME_FREE_KEYS
-        ):
-            out.append(f"{dotted}: {a!r} -> {b!r}")
-    return out
-
-
-def prepare_run_dir(cfg: Config, overwrite: bool = False, resume: bool | None = None) -> Path | None:
-    """Create or check the run directory; return the checkpoint to resume from (None: fresh start).
-
-    Empty or missing: fresh run. ``overwrite``: delete and start fresh. Otherwise the directory
-    must hold a run of the same config (up to :data:`RESUME_FREE_KEYS`); it then continues from
-    its newest intact checkpoint, or restarts in place when it has none. ``resume=True`` makes a
-    missing checkpoint an error.
-    """
-    run_dir = cfg.run_dir
-    if overwrite and resume:
-        raise ScaleLongError("--overwrite and --resume contradict each other; pass one of them")
-    exists = run_dir.is_dir() and any(run_dir.iterdir())
-    if exists and not overwrite:
-        saved = run_dir / "config.yaml"
-        if not saved.is_file():
-            raise ScaleLongError(
-                f"{run_dir} exists but holds no run (no config.yaml); choose another name=... or --overwrite"
-            )
-        diff = config_differences(read_yaml(saved), config_to_dict(cfg))
-        if diff:
-            raise ScaleLongError(
-                f"run directory {run_dir} holds a run with another config ({'; '.join(diff[:3])}"
-                f"{'; ...' if len(diff) > 3 else ''}); pass --overwrite to replace it or choose another "
-                "name=..."
-            )
-        remove_partial(run_dir / "checkpoints")
-        checkpoint = find_resumable(run_dir / "checkpoints")
-        if checkpoint is not None:
-            save_config(cfg, saved)  # the run-length / logging keys may have changed
-            return checkpoint
-        if resume:
-            raise ScaleLongError(f"--resume: {run_dir} has no intact checkpoint to resume from")
-        print(f"{run_dir} has no checkpoint yet; starting it again from step 0")
-    elif resume:
-        raise ScaleLongError(f"--resume: {run_dir} does not exist or is empty; nothing to resume")
-    if run_dir.exists():
-        shutil.rmtree(run_dir)
-    run_dir.mkdir(parents=True)
-    save_config(cfg, run_dir / "config.yaml")
-    return None

@@ -35,6 +35,7 @@ def cmd_train(args: argparse.Namespace) -> int:
     cfg = load_config(args.config, args.overrides)
     if args.dry_run:
         return _print_info(cfg, dry_run=True)
+    from scalelong.runs import RunDir
     from scalelong.train import launch_processes, train
 
     if args.num_processes > 1:
@@ -45,7 +46,7 @@ def cmd_train(args: argparse.Namespace) -> int:
     if int(os.environ.get("RANK", "0")) != 0:  # the main process reports for the run
         return 0
     print(f"final loss {result.final_loss:.4f}")
-    print(f"metrics:    {result.run_dir / 'metrics.jsonl'}")
+    print(f"metrics:    {RunDir(result.run_dir).metrics_file}")
     print(f"checkpoint: {result.checkpoint}")
     if result.samples is not None:
         print(f"samples:    {result.samples}")
@@ -278,11 +279,12 @@ def cmd_compare(args: argparse.Namespace) -> int:
 
 def cmd_analyze(args: argparse.Namespace) -> int:
     from scalelong.plots import load_metrics, write_plots
+    from scalelong.runs import RunDir
 
-    run_dir = Path(args.run_dir)
-    records = load_metrics(run_dir)
-    out = Path(args.out) if args.out else run_dir / "report"
-    paths = write_plots({run_dir.name: records}, out)
+    run = RunDir(args.run_dir)
+    records = load_metrics(run)
+    out = Path(args.out) if args.out else run.report_dir
+    paths = write_plots({run.name: records}, out)
     for path in paths:
         print(path)
     return 0

@@ -22,6 +22,7 @@ import scipy.stats
 from scalelong.config import Config
 from scalelong.errors import ScaleLongError
 from scalelong.plots import Records, as_float, load_metrics, series, write_plots
+from scalelong.runs import RunDir
 from scalelong.skips import METHODS
 
 
@@ -192,7 +193,7 @@ def run_comparison(
     for k in range(seeds):
         for method in methods:
             cfg = method_config(base, method, base.train.seed + k, runs_dir)
-            if not (cfg.run_dir / "summary.json").is_file():  # finished runs are kept: reruns resume
+            if not RunDir(cfg.run_dir).finished:  # finished runs are kept: reruns resume
                 train(cfg, progress=progress)
             runs[method].append(load_metrics(cfg.run_dir))
     return write_report(runs, methods[0], report_dir, base)

@@ -45,6 +45,7 @@ import torch
 from torch import nn
 
 from scalelong.errors import ScaleLongError
+from scalelong.runs import load_model
 from scalelong.skips import SkipScaling, find_skip_scaling
 
 OSC_SERIES = ("feature_norm", "block_grad_norm", "loss")
@@ -300,7 +301,7 @@ def robustness(
     from scalelong.diffusion import add_noise
 
     if not isinstance(model, nn.Module):
-        model = load_checkpoint_model(model)
+        model = load_model(model)
     was_training = model.training
     model.eval()
     device = next(model.parameters()).device
@@ -321,28 +322,9 @@ def robustness(
     return rows
 
 
-def load_checkpoint_model(path: str | Path, ema: bool = True) -> nn.Module:
-    """Rebuild the model of a checkpoint folder from its ``meta.json`` config and load its weights."""
-    import json
-
-    from scalelong.build import build_model
-    from scalelong.checkpoint import load_weights
-    from scalelong.config import config_from_dict
-
-    path = Path(path)
-    meta = path / "meta.json"
-    if not meta.is_file():
-        raise ScaleLongError(f"{path} is not a checkpoint folder (no meta.json)")
-    cfg = config_from_dict(json.loads(meta.read_text())["config"])
-    model = build_model(cfg.model)
-    load_weights(path / ("ema.safetensors" if ema else "model.safetensors"), model)
-    return model
-
-
 __all__ = [
     "Diagnostics",
     "find_blocks",
     "window_stats",
     "robustness",
-    "load_checkpoint_model",
 ]

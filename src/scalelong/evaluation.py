@@ -25,6 +25,7 @@ from scalelong.config import Config, EvalConfig
 from scalelong.data import to_uint8
 from scalelong.errors import ScaleLongError
 from scalelong.frechet import FeatureFn, feature_fn, feature_stats, frechet_distance, load_stats
+from scalelong.runs import RunDir, load_model
 from scalelong.sampling import generate
 
 EVAL_SEED_OFFSET = 1_000_003  # evaluation noise never coincides with the training noise streams
@@ -96,13 +97,11 @@ def fd_of_model(
     return frechet_distance(*feature_stats(feats), *ref)
 
 
-def eval_records(run_dir: Path, metric: str | None = None) -> dict[int, dict]:
+def eval_records(run_dir: str | Path, metric: str | None = None) -> dict[int, dict]:
     """This run's evaluation records by step, from its own ``metrics.jsonl``; a later line for the
     same step (written after a resume) replaces an earlier one."""
-    from scalelong.tracking import MetricsLog
-
     records: dict[int, dict] = {}
-    for r in MetricsLog.read(Path(run_dir) / "metrics.jsonl"):
+    for r in RunDir(run_dir).metrics():
         fd = r.get("fd")
         if "step" not in r or not isinstance(fd, (int, float)) or not math.isfinite(fd):
             continue
@@ -117,12 +116,10 @@ def best_step(run_dir: str | Path, metric: str | None = None, require_checkpoint
     Only steps whose checkpoint folder exists are candidates when ``require_checkpoint``, so the
     answer can always be re-evaluated; ties go to the earlier step.
     """
-    from scalelong.checkpoint import step_dir_name
-
-    run_dir = Path(run_dir)
-    records = eval_records(run_dir, metric)
+    run = RunDir(run_dir)
+    records = eval_records(run, metric)
     if require_checkpoint:
-        records = {s: r for s, r in records.items() if (run_dir / "checkpoints" / step_dir_name(s)).is_dir()}
+        records = {s: r for s, r in records.items() if run.checkpoint(s).is_dir()}
     if not records:
         return None
     return min(records, key=lambda s: (records[s]["fd"], s))
@@ -152,7 +149,7 @@ class TrainingEvaluator:
     """
 
     def __init__(self, cfg: Config, run_dir: str | Path, device: torch.device | str = "cpu"):
-        self.cfg, self.run_dir, self.device = cfg, Path(run_dir), torch.device(device)
+        self.cfg, self.run, self.device = cfg, RunDir(run_dir), torch.device(device)
         self.e = cfg.eval
         self._features: FeatureFn | None = None
         self.ref = reference_for(self.e) if self.e.every > 0 else None
@@ -196,22 +193,17 @@ class TrainingEvaluator:
 
     def finalize(self) -> dict | None:
         """Re-score the best checkpoint on ``eval.final_num_samples`` samples (the recipe's last step)."""
-        step = best_step(self.run_dir, self.e.metric)
+        step = best_step(self.run, self.e.metric)
         if step is None or self.e.final_num_samples <= 0:
             return None
-        from scalelong.build import build_model
-        from scalelong.checkpoint import load_weights, step_dir_name
-
-        with torch.random.fork_rng(devices=[]):  # building initialises weights; keep the trainer's RNG
-            model = build_model(self.cfg.model)
-        load_weights(self.run_dir / "checkpoints" / step_dir_name(step) / "ema.safetensors", model)
-        result = self(step, model.to(self.device), self.e.final_num_samples)
+        model = load_model(self.run.checkpoint(step), self.cfg.model, "ema", self.device)
+        result = self(step, model, self.e.final_num_samples)
         result = {
             "best_step": step,
             **result,
-            "fd_at_eval": eval_records(self.run_dir, self.e.metric)[step]["fd"],
+            "fd_at_eval": eval_records(self.run, self.e.metric)[step]["fd"],
         }
-        (self.run_dir / "eval_final.json").write_text(json.dumps(result, indent=1))
+        self.run.eval_final_file.write_text(json.dumps(result, indent=1))
         return result
 
 
@@ -226,6 +218,19 @@ def resolve_device(name: str = "auto") -> torch.device:
     return torch.device(name)
 
 
+def checkpoint_step(run: RunDir, step: int | str | None) -> int | None:
+    """A ``--step`` value as a step number: None or "latest" stay None (the newest checkpoint),
+    "best" is :func:`best_step` by the run's own eval.metric."""
+    if step in (None, "latest"):
+        return None
+    if step == "best":
+        best = best_step(run, run.config().eval.metric)
+        if best is None:
+            raise ScaleLongError(f"{run} has no evaluation records to pick a best step from")
+        return best
+    return int(step)
+
+
 def load_run(
     run_dir: str | Path,
     step: int | str | None = None,
@@ -236,36 +241,8 @@ def load_run(
 
     ``step``: None or "latest" for the newest checkpoint, "best" for :func:`best_step`, or a step number.
     """
-    from scalelong.build import build_model
-    from scalelong.checkpoint import list_checkpoints, load_weights, step_dir_name
-    from scalelong.config import load_config
-
-    run_dir = Path(run_dir)
-    if not (run_dir / "config.yaml").is_file():
-        raise ScaleLongError(
-            f"{run_dir} is not a run directory (no config.yaml); pass the folder `train` wrote"
-        )
-    if weights not in ("ema", "model"):
-        raise ScaleLongError(f"weights={weights!r}: choose ema or model")
-    cfg = load_config(run_dir / "config.yaml")
-    checkpoints = list_checkpoints(run_dir / "checkpoints")
-    if not checkpoints:
-        raise ScaleLongError(f"{run_dir} has no checkpoint yet; train it first (scalelong train)")
-    if step in (None, "latest"):
-        ckpt = checkpoints[-1]
-    else:
-        if step == "best":
-            step = best_step(run_dir, cfg.eval.metric)
-            if step is None:
-                raise ScaleLongError(f"{run_dir} has no evaluation records to pick a best step from")
-        ckpt = run_dir / "checkpoints" / step_dir_name(int(step))
-        if not ckpt.is_dir():
-            have = ", ".join(p.name for p in checkpoints)
-            raise ScaleLongError(f"no checkpoint for step {step} in {run_dir}; available: {have}")
-    with torch.random.fork_rng(devices=[]):
-        model = build_model(cfg.model)
-    load_weights(ckpt / f"{weights}.safetensors", model)
-    return cfg, model.to(device).eval(), ckpt
+    run = RunDir(run_dir).require()
+    return run.load_model(checkpoint_step(run, step), weights, device)
 
 
 def _to_uint8(images: torch.Tensor) -> np.ndarray:
@@ -407,14 +384,8 @@ def evaluate_run(
 
     The reference statistics are read before anything else, so a wrong path fails at once.
     """
-    from scalelong.config import load_config
-
-    run_dir = Path(run_dir)
-    if not (run_dir / "config.yaml").is_file():
-        raise ScaleLongError(
-            f"{run_dir} is not a run directory (no config.yaml); pass the folder `train` wrote"
-        )
-    run_cfg = load_config(run_dir / "config.yaml")
+    run = RunDir(run_dir)
+    run_cfg = run.config()
     if fid_stats is not None and metric is None:  # a statistics file says which features it holds
         from scalelong.frechet import stored_metric
 
@@ -433,7 +404,7 @@ def evaluate_run(
     if n < 2:
         raise ScaleLongError(f"--n must be >= 2, got {n}")
     features = feature_fn(metric, device, inception_weights, random_init)
-    cfg, model, ckpt = load_run(run_dir, step, "ema", device)
+    cfg, model, ckpt = run.load_model(checkpoint_step(run, step), "ema", device)
     if batch_size:
         cfg.eval.batch_size = batch_size
     sampler, steps = sampler or cfg.eval.sampler, steps or cfg.eval.steps
@@ -449,9 +420,9 @@ def evaluate_run(
         "fd_seconds": time.perf_counter() - t0,
         "reference": str(fid_stats) if fid_stats else "embedded MNIST train",
     }
-    (run_dir / "eval").mkdir(exist_ok=True)
+    run.eval_dir.mkdir(exist_ok=True)
     name = f"{metric}-{ckpt.name}-n{n}-{sampler}{steps}.json"
-    (run_dir / "eval" / name).write_text(json.dumps(result, indent=1))
+    (run.eval_dir / name).write_text(json.dumps(result, indent=1))
     return result
 
 

@@ -17,6 +17,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from scalelong.errors import ScaleLongError
+from scalelong.runs import MetricsLog, RunDir
 
 Records = Sequence[Mapping[str, object]]
 
@@ -36,15 +37,13 @@ def as_float(value: object) -> float:
 
 
 def load_metrics(path: str | Path) -> list[dict]:
-    """Records of a run directory or a ``metrics.jsonl`` file, non-finite strings turned to floats."""
-    from scalelong.tracking import MetricsLog
-
+    """Records of a run directory (or of a ``metrics.jsonl`` file) with every value but the step
+    as a float, ready to plot."""
     path = Path(path)
-    if path.is_dir():
-        path = path / "metrics.jsonl"
-    if not path.is_file():
-        raise ScaleLongError(f"no metrics found at {path}")
-    return [{k: v if k == "step" else as_float(v) for k, v in r.items()} for r in MetricsLog.read(path)]
+    log = MetricsLog(path) if path.suffix == ".jsonl" else RunDir(path).metrics_log
+    if not log.path.is_file():
+        raise ScaleLongError(f"no metrics found at {log.path}")
+    return [{k: v if k == "step" else as_float(v) for k, v in r.items()} for r in log.read()]
 
 
 def series(records: Records, key: str) -> tuple[list[int], list[float]]:

@@ -1,51 +1,19 @@
-"""Metrics of a run: ``metrics.jsonl`` always, TensorBoard and Weights & Biases when available.
+"""Where a run's metrics go: its ``metrics.jsonl`` always, TensorBoard and Weights & Biases
+when available.
 
-One JSON object per logged step in ``metrics.jsonl``; the same numbers go to TensorBoard
-(``<run>/tb``) when ``tensorboard`` is installed and to W&B when ``wandb`` is installed and
-``train.wandb`` is on. A missing optional backend costs one warning line, never the run.
+One JSON object per logged step in the run's metrics log (:class:`scalelong.runs.MetricsLog`);
+the same numbers go to TensorBoard (``<run>/tb``) when ``tensorboard`` is installed and to W&B
+when ``wandb`` is installed and ``train.wandb`` is on. A missing optional backend costs one
+warning line, never the run.
 """
 
 from __future__ import annotations
 
-import json
-import math
 from pathlib import Path
 
 import torch
 
-
-def _jsonable(value: float) -> float | str:
-    # JSON has no NaN or infinity; write them as strings so they stay visible.
-    if isinstance(value, float) and not math.isfinite(value):
-        return str(value)
-    return value
-
-
-class MetricsLog:
-    """Appends records to ``metrics.jsonl``; ``read`` gives them back."""
-
-    def __init__(self, path: Path):
-        self.path = path
-
-    def write(self, record: dict) -> None:
-        with self.path.open("a") as f:
-            f.write(json.dumps({k: _jsonable(v) for k, v in record.items()}) + "\n")
-
-    def truncate_after(self, step: int) -> None:
-        """Drop records beyond ``step``: a resumed run rewrites them."""
-        if self.path.is_file():
-            kept = [r for r in self.read(self.path) if r.get("step", 0) <= step]
-            self.path.write_text("".join(json.dumps(r) + "\n" for r in kept))
-
-    @staticmethod
-    def read(path: Path) -> list[dict]:
-        if not path.is_file():
-            return []
-        records = []
-        for line in path.read_text().splitlines():
-            if line.strip():
-                records.append(json.loads(line))
-        return records
+from scalelong.runs import RunDir
 
 
 class Tracker:
@@ -57,16 +25,16 @@ class Tracker:
 
     def __init__(
         self,
-        run_dir: Path,
+        run: RunDir,
         config: dict,
         start_step: int = 0,
         tensorboard: bool = True,
         wandb: bool = False,
     ):
-        self.metrics = MetricsLog(run_dir / "metrics.jsonl")
+        self.metrics = run.metrics_log
         self.metrics.truncate_after(start_step)
-        self.tb = self._tensorboard(run_dir / "tb", start_step) if tensorboard else None
-        self.wandb = self._wandb(run_dir, config) if wandb else None
+        self.tb = self._tensorboard(run.tb_dir, start_step) if tensorboard else None
+        self.wandb = self._wandb(run, config) if wandb else None
 
     @staticmethod
     def _tensorboard(log_dir: Path, start_step: int):
@@ -80,15 +48,13 @@ class Tracker:
         return SummaryWriter(str(log_dir), purge_step=start_step + 1 if start_step else None)
 
     @staticmethod
-    def _wandb(run_dir: Path, config: dict):
+    def _wandb(run: RunDir, config: dict):
         try:
             import wandb
         except ImportError:
             print("warning: train.wandb is on but wandb is not installed; skipping W&B (pip install wandb)")
             return None
-        return wandb.init(
-            project="scalelong", name=run_dir.name, dir=str(run_dir), config=config, resume="allow"
-        )
+        return wandb.init(project="scalelong", name=run.name, dir=str(run), config=config, resume="allow")
 
     def log(self, record: dict) -> None:
         """Write one record; ``record["step"]`` is the step it belongs to."""

@@ -14,13 +14,12 @@ weights twice.
 
 Resume: re-running the same command continues a run directory from its newest intact
 checkpoint (``--resume`` insists on one). A different config in an existing run directory is an
-error; only :data:`scalelong.checkpoint.RESUME_FREE_KEYS` (run length, logging, sampling) may change.
+error; only :data:`scalelong.runs.RESUME_FREE_KEYS` (run length, logging, sampling) may change.
 """
 
 from __future__ import annotations
 
 import copy
-import json
 import math
 import signal
 import time
@@ -41,19 +40,14 @@ from scalelong.build import (
     count_parameters,
     model_input_shape,
 )
-from scalelong.checkpoint import (
-    load_state,
-    load_training_state,
-    prepare_run_dir,
-    save_checkpoint,
-    step_dir_name,
-)
+from scalelong.checkpoint import load_state, load_training_state, save_checkpoint
 from scalelong.config import Config, config_to_dict
 from scalelong.data import EpochBatches
 from scalelong.diagnostics import Diagnostics
 from scalelong.diffusion import epsilon_loss
 from scalelong.errors import ScaleLongError
 from scalelong.models import conditioning
+from scalelong.runs import RunDir
 from scalelong.tracking import Tracker
 
 # Extra per-step metrics: ``hook(step, trainer) -> dict``; a non-empty dict is merged into (or
@@ -162,8 +156,8 @@ class Trainer:
     :meth:`state_for_checkpoint` / :meth:`load_checkpoint`.
     """
 
-    def __init__(self, cfg: Config, accelerator, run_dir: Path):
-        self.cfg, self.acc, self.run_dir = cfg, accelerator, run_dir
+    def __init__(self, cfg: Config, accelerator, run_dir: str | Path):
+        self.cfg, self.acc, self.run = cfg, accelerator, RunDir(run_dir)
         self.dataset = build_dataset(cfg.data)
         check_data_fits_model(cfg, self.dataset)
         torch.manual_seed(cfg.train.seed)
@@ -201,7 +195,7 @@ class Trainer:
             from scalelong.evaluation import TrainingEvaluator
 
             # Built now so a bad reference path fails before any training.
-            self.evaluator = TrainingEvaluator(cfg, run_dir, accelerator.device)
+            self.evaluator = TrainingEvaluator(cfg, self.run, accelerator.device)
 
     def lr_at(self, step: int) -> float:
         """Learning rate of the update that follows ``step`` completed steps."""
@@ -341,10 +335,10 @@ class Trainer:
         from accelerate.utils import gather_object
 
         rng_states = gather_object([self.rng_state()]) if self.acc.num_processes > 1 else [self.rng_state()]
-        path = self.run_dir / "checkpoints" / step_dir_name(self.step)
+        path = self.run.checkpoint(self.step)
         if self.acc.is_main_process:
             save_checkpoint(
-                self.run_dir / "checkpoints",
+                self.run.checkpoints_dir,
                 self.step,
                 self.unwrapped,
                 self.ema,
@@ -401,7 +395,7 @@ class Trainer:
             return None
         self.ema.eval()
         images = sample_images(self.ema, self.cfg, s.num_images, self.acc.device, self.cfg.train.seed)
-        path = self.run_dir / "samples" / f"{step_dir_name(self.step)}.png"
+        path = self.run.sample_grid(self.step)
         grid = save_grid(images, path)
         if tracker is not None:
             tracker.images("samples", grid, self.step)
@@ -420,7 +414,7 @@ class Trainer:
         )
         window = self._new_window()
         t_last, steps_since, last_loss, samples = time.perf_counter(), 0, float("nan"), None
-        checkpoint = self.run_dir / "checkpoints" / step_dir_name(self.step)
+        checkpoint = self.run.checkpoint(self.step)
         try:
             while self.step < t.steps:
                 images, labels = next_batch(batches)
@@ -460,7 +454,7 @@ class Trainer:
             del batches  # the loader's workers stop now, also when an error ends the run
         if self.acc.num_processes > 1:
             self.check_processes_agree()
-        return RunResult(self.run_dir, last_loss, checkpoint, samples)
+        return RunResult(self.run.path, last_loss, checkpoint, samples)
 
     def check_processes_agree(self) -> None:
         """All processes must end with bitwise identical weights (one collective, at the end)."""
@@ -487,7 +481,7 @@ class Trainer:
         return ScaleLongError(
             f"training stopped at step {step}: {self.nonfinite_streak} steps in a row had a non-finite loss "
             f"or gradient (train.max_nonfinite_steps={self.cfg.train.max_nonfinite_steps}); lower optim.lr, "
-            f"set train.grad_clip or use train.mixed_precision=no; {self.run_dir} keeps the last good "
+            f"set train.grad_clip or use train.mixed_precision=no; {self.run} keeps the last good "
             "checkpoint"
         )
 
@@ -564,23 +558,23 @@ def train(
 
     accelerator = make_accelerator(cfg)
     try:
-        trainer = Trainer(cfg, accelerator, cfg.run_dir)
+        run = RunDir(cfg.run_dir)
+        trainer = Trainer(cfg, accelerator, run)
         trainer.metric_hooks += metric_hooks or []
-        checkpoint = _on_main(accelerator, lambda: prepare_run_dir(cfg, overwrite, resume))
+        checkpoint = _on_main(accelerator, lambda: run.prepare(cfg, overwrite, resume))
         start_state = None
         if checkpoint is not None:
             start_state = trainer.load_checkpoint(Path(checkpoint))
             if accelerator.is_main_process:
-                print(f"resuming {cfg.run_dir} from {Path(checkpoint).name}")
-        run_dir = cfg.run_dir
+                print(f"resuming {run} from {Path(checkpoint).name}")
         if trainer.step >= cfg.train.steps:
             if accelerator.is_main_process:
-                print(f"{run_dir} is complete at step {trainer.step} (train.steps={cfg.train.steps})")
-            return RunResult(run_dir, float("nan"), Path(checkpoint), None)
+                print(f"{run} is complete at step {trainer.step} (train.steps={cfg.train.steps})")
+            return RunResult(run.path, float("nan"), Path(checkpoint), None)
         tracker = None
         if accelerator.is_main_process:
             tracker = Tracker(
-                run_dir,
+                run,
                 config_to_dict(cfg),
                 trainer.step,
                 tensorboard=cfg.train.tensorboard,
@@ -589,14 +583,14 @@ def train(
             print(
                 f"scalelong: {count_parameters(trainer.unwrapped):,} parameters, skips: "
                 f"{cfg.model.skip.method}, {accelerator.num_processes} process(es) on "
-                f"{accelerator.device.type}, run: {run_dir}"
+                f"{accelerator.device.type}, run: {run}"
             )
         try:
             with sigterm_as_interrupt():
                 result = trainer.fit(tracker, start_state, progress)
         except KeyboardInterrupt:
             raise ScaleLongError(
-                f"interrupted at step {trainer.step}; {run_dir} holds the last complete checkpoint, "
+                f"interrupted at step {trainer.step}; {run} holds the last complete checkpoint, "
                 "re-run the same command to resume"
             ) from None
         finally:
@@ -616,8 +610,7 @@ def train(
                         f"best step {final['best_step']}: {final['fd_metric']} {final['fd']:.4g} "
                         f"on {final['fd_samples']} samples"
                     )
-            # summary.json is written last: its presence marks a finished run.
-            (run_dir / "summary.json").write_text(json.dumps(summary, indent=1))
+            run.write_summary(summary)  # last: its presence marks a finished run
         accelerator.wait_for_everyone()
         return result
     finally:
