@@ -25,7 +25,8 @@ import torch
 
 from benchmarks.harness import interleaved_medians, markdown_table, write_result
 from scalelong.config import load_config
-from scalelong.train import Trainer, make_accelerator
+from scalelong.launch import make_accelerator
+from scalelong.train import Trainer
 
 
 def fake_cifar10(root: Path, per_batch: int) -> Path:

@@ -46,7 +46,8 @@ def worker(args) -> dict:
     """One config in this process: time ``steps`` training steps, report img/s and memory."""
     from benchmarks.loader_vs_step import fake_cifar10
     from scalelong.config import load_config
-    from scalelong.train import Trainer, make_accelerator
+    from scalelong.launch import make_accelerator
+    from scalelong.train import Trainer
 
     device = setup(args)
     path, default_batch = CONFIGS[args.config]

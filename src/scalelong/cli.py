@@ -35,8 +35,9 @@ def cmd_train(args: argparse.Namespace) -> int:
     cfg = load_config(args.config, args.overrides)
     if args.dry_run:
         return _print_info(cfg, dry_run=True)
+    from scalelong.launch import launch_processes
     from scalelong.runs import RunDir
-    from scalelong.train import launch_processes, train
+    from scalelong.train import train
 
     if args.num_processes > 1:
         flags = [f for f in ("overwrite", "resume", "no_progress") if getattr(args, f)]
@@ -87,7 +88,8 @@ def _print_info(cfg, dry_run: bool = False) -> int:
 
 
 def cmd_sample(args: argparse.Namespace) -> int:
-    from scalelong.evaluation import resolve_device, sample_to_dir
+    from scalelong.evaluation import sample_to_dir
+    from scalelong.launch import resolve_device
 
     if args.prompt or args.prompts_file:  # a text-to-image run: prompts, guidance, the autoencoder
         from scalelong.t2i import read_prompts, sample_prompts_to_dir
@@ -111,7 +113,8 @@ def cmd_sample(args: argparse.Namespace) -> int:
 
 def cmd_fid_stats(args: argparse.Namespace) -> int:
     from scalelong.config import load_config
-    from scalelong.evaluation import compute_reference_stats, resolve_device
+    from scalelong.evaluation import compute_reference_stats
+    from scalelong.launch import resolve_device
 
     cfg = load_config(args.config, args.overrides)
     path, count = compute_reference_stats(
@@ -128,7 +131,8 @@ def cmd_fid_stats(args: argparse.Namespace) -> int:
 
 
 def cmd_eval(args: argparse.Namespace) -> int:
-    from scalelong.evaluation import evaluate_run, resolve_device
+    from scalelong.evaluation import evaluate_run
+    from scalelong.launch import resolve_device
 
     r = evaluate_run(
         args.run_dir, args.n, args.fid_stats, args.metric, args.sampler, args.steps, args.step,
@@ -315,11 +319,10 @@ def _add_study_commands(sub) -> None:
 
 
 def cmd_extract_features(args: argparse.Namespace) -> int:
-    import torch
-
+    from scalelong.launch import resolve_device
     from scalelong.t2i import extract_features, load_autoencoder, load_text_encoder
 
-    device = args.device if args.device != "auto" else ("cuda" if torch.cuda.is_available() else "cpu")
+    device = resolve_device(args.device)
     tokenizer, text_encoder = load_text_encoder(args.text_encoder)
     autoencoder = load_autoencoder(args.autoencoder)
     meta = extract_features(

@@ -210,14 +210,6 @@ class TrainingEvaluator:
 # ----------------------------------------------------------------------------- runs on disk
 
 
-def resolve_device(name: str = "auto") -> torch.device:
-    if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    if name == "cuda" and not torch.cuda.is_available():
-        raise ScaleLongError("--device cuda but no CUDA device is available; use --device auto")
-    return torch.device(name)
-
-
 def checkpoint_step(run: RunDir, step: int | str | None) -> int | None:
     """A ``--step`` value as a step number: None or "latest" stay None (the newest checkpoint),
     "best" is :func:`best_step` by the run's own eval.metric."""

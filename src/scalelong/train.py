@@ -21,10 +21,8 @@ from __future__ import annotations
 
 import copy
 import math
-import signal
 import time
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -46,6 +44,7 @@ from scalelong.data import EpochBatches
 from scalelong.diagnostics import Diagnostics
 from scalelong.diffusion import epsilon_loss
 from scalelong.errors import ScaleLongError
+from scalelong.launch import make_accelerator, on_main_process, sigterm_as_interrupt
 from scalelong.models import conditioning
 from scalelong.runs import RunDir
 from scalelong.tracking import Tracker
@@ -113,24 +112,6 @@ def sample_images(model: nn.Module, cfg: Config, n: int, device: torch.device, s
     schedule = build_schedule(cfg.diffusion)
     shape = model_input_shape(cfg.model)
     return generate(model, schedule, cfg.sample.sampler, cfg.sample.steps, seeds, shape, labels, device)
-
-
-@contextmanager
-def sigterm_as_interrupt() -> Iterator[None]:
-    """Treat SIGTERM like Ctrl-C, so both end a run the same clean way."""
-
-    def handler(signum, frame):
-        raise KeyboardInterrupt
-
-    try:
-        previous = signal.signal(signal.SIGTERM, handler)
-    except ValueError:  # not the main thread: leave signals alone
-        yield
-        return
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGTERM, previous)
 
 
 def next_batch(batches: Iterator) -> tuple[torch.Tensor, torch.Tensor]:
@@ -511,36 +492,6 @@ class Trainer:
 # ----------------------------------------------------------------------------- entry point
 
 
-def make_accelerator(cfg: Config):
-    from accelerate import Accelerator
-
-    t = cfg.train
-    cuda = torch.cuda.is_available()
-    if t.device == "cuda" and not cuda:
-        raise ScaleLongError("train.device=cuda but no CUDA device is available; use train.device=auto")
-    cpu = t.device == "cpu" or not cuda
-    if cpu and t.mixed_precision == "fp16":
-        raise ScaleLongError("train.mixed_precision=fp16 needs a GPU; on the CPU use bf16 or no")
-    return Accelerator(cpu=cpu, mixed_precision=t.mixed_precision)
-
-
-def _on_main(accelerator, fn: Callable[[], object]) -> object:
-    """Run ``fn`` on the main process and hand its result (or its ScaleLongError) to all."""
-    from accelerate.utils import broadcast_object_list
-
-    box: list = [None, None]
-    if accelerator.is_main_process:
-        try:
-            box = [fn(), None]
-        except ScaleLongError as e:
-            box = [None, str(e)]
-    if accelerator.num_processes > 1:
-        broadcast_object_list(box)
-    if box[1] is not None:
-        raise ScaleLongError(box[1])
-    return box[0]
-
-
 def train(
     cfg: Config,
     overwrite: bool = False,
@@ -561,7 +512,7 @@ def train(
         run = RunDir(cfg.run_dir)
         trainer = Trainer(cfg, accelerator, run)
         trainer.metric_hooks += metric_hooks or []
-        checkpoint = _on_main(accelerator, lambda: run.prepare(cfg, overwrite, resume))
+        checkpoint = on_main_process(accelerator, lambda: run.prepare(cfg, overwrite, resume))
         start_state = None
         if checkpoint is not None:
             start_state = trainer.load_checkpoint(Path(checkpoint))
@@ -617,41 +568,3 @@ def train(
         # The Accelerate state is a process-wide singleton; a later run in this process may
         # want another precision.
         AcceleratorState._reset_state()
-
-
-def launch_processes(n: int, cli_args: list[str]) -> int:
-    """Run ``python -m scalelong.cli <cli_args>`` as ``n`` processes of one machine (what
-    ``torchrun --nproc-per-node n`` does); Accelerate picks them up from the environment.
-
-    Multi-node runs use ``accelerate launch`` directly. When one process fails, the others are
-    stopped; the exit code is the first failure's.
-    """
-    import os
-    import socket
-    import subprocess
-    import sys
-
-    with socket.socket() as s:  # a free port for the process group's rendezvous
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    procs = []
-    for rank in range(n):
-        env = dict(os.environ, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), WORLD_SIZE=str(n))
-        env.update(RANK=str(rank), LOCAL_RANK=str(rank), LOCAL_WORLD_SIZE=str(n))
-        procs.append(subprocess.Popen([sys.executable, "-m", "scalelong.cli", *cli_args], env=env))
-    code = 0
-    try:
-        while any(p.poll() is None for p in procs):
-            failed = [p.returncode for p in procs if p.returncode not in (None, 0)]
-            if failed:
-                code = failed[0]
-                for p in procs:
-                    if p.poll() is None:
-                        p.terminate()
-            time.sleep(0.2)
-    finally:
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
-            p.wait()
-    return code or max(p.returncode for p in procs)
