@@ -22,8 +22,9 @@ import torch
 
 from benchmarks.harness import markdown_table, write_result
 from scalelong.data import embedded_mnist
-from scalelong.evaluation import fd_of_model, load_run
+from scalelong.evaluation import fd_of_model
 from scalelong.frechet import fd_mnist_features, fd_of_images, mnist_reference_stats
+from scalelong.runs import RunDir
 from scalelong.sampling import network_evaluations
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -66,7 +67,7 @@ def main(argv: list[str] | None = None) -> None:
 
     if args.run == RUN:
         ensure_trained()
-    cfg, model, ckpt = load_run(args.run)
+    cfg, model, ckpt = RunDir(args.run).load_model()
     cfg.eval.batch_size = n  # one batch per network evaluation
     features, ref = fd_mnist_features(), mnist_reference_stats("train")
     runs = [("dpm_solver", 50), ("euler_maruyama", 1000)]

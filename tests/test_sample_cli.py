@@ -15,7 +15,8 @@ from scalelong.build import build_model
 from scalelong.checkpoint import step_dir_name
 from scalelong.cli import main
 from scalelong.config import load_config, save_config
-from scalelong.evaluation import TrainingEvaluator, best_step
+from scalelong.evaluation import TrainingEvaluator
+from scalelong.runs import RunDir
 
 TINY = [
     "model.uvit.img_size=32",
@@ -131,12 +132,13 @@ def test_training_evaluator_and_best_step(run) -> None:
         {"step": 30, "loss": 0.1},
     ]
     (run_dir / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in lines))
-    assert best_step(run_dir, "fd-mnist") == 10
-    assert best_step(run_dir, "fd-mnist", require_checkpoint=False) == 20
+    assert RunDir(run_dir).best_step("fd-mnist") == 10
+    assert RunDir(run_dir).best_step("fd-mnist", require_checkpoint=False) == 20
     write_checkpoint(run_dir, run, 30)
     with (run_dir / "metrics.jsonl").open("a") as f:
         f.write(json.dumps({"step": 30, "fd": 4.0, "fd_metric": "fd-mnist"}) + "\n")
-    assert best_step(run_dir, "fd-mnist") == 30
+    assert RunDir(run_dir).best_step("fd-mnist") == 30
+    assert RunDir(run_dir).find_checkpoint("best") == RunDir(run_dir).checkpoint(30)  # --step best
     final = evaluator.finalize()
     assert final["best_step"] == 30 and final["fd_samples"] == 24 and final["fd_at_eval"] == 4.0
     assert json.loads((run_dir / "eval_final.json").read_text())["fd"] == final["fd"]

@@ -156,6 +156,9 @@ def test_cli_extract_train_and_sample_from_prompts_with_guidance(tmp_path, capsy
 
     assert Image.open(tmp_path / "img" / "000001.png").size == (64, 64)
     assert (tmp_path / "img" / "prompts.txt").read_text().splitlines() == ["a photo number 1", "a cat"]
+    # the folder is claimed for these prompts: others would mix two sets of images
+    err = cli("sample", str(tmp_path / "t2i"), "--n=2", f"--out={tmp_path / 'img'}", "--prompt=a dog", code=2)
+    assert err.count("\n") == 1 and "other settings" in err
     # a text-to-image run without prompts: one clear line, exit 2
     err = cli("sample", str(tmp_path / "t2i"), "--n=1", f"--out={tmp_path / 'x'}", code=2)
     assert err.count("\n") == 1 and "pass --prompt" in err and "Traceback" not in err

@@ -88,11 +88,11 @@ def _print_info(cfg, dry_run: bool = False) -> int:
 
 
 def cmd_sample(args: argparse.Namespace) -> int:
-    from scalelong.evaluation import sample_to_dir
+    from scalelong.export import sample_prompts_to_dir, sample_to_dir
     from scalelong.launch import resolve_device
 
     if args.prompt or args.prompts_file:  # a text-to-image run: prompts, guidance, the autoencoder
-        from scalelong.t2i import read_prompts, sample_prompts_to_dir
+        from scalelong.t2i import read_prompts
 
         r = sample_prompts_to_dir(
             args.run_dir, args.out, read_prompts(args.prompt, args.prompts_file), args.n,

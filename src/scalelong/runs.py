@@ -15,8 +15,9 @@ shared without the command line that made it::
       summary.json                written last: its presence marks a finished run
 
 :class:`RunDir` names these paths, creates or resumes a run (:meth:`RunDir.prepare`) and reads
-the config, the metrics log and the checkpoints back; :func:`load_model` rebuilds the model of
-a checkpoint, from the run's config or from the config stored in the checkpoint itself.
+the config, the metrics log (with the best evaluated step) and the checkpoints back;
+:func:`load_model` rebuilds the model of a checkpoint, from the run's config or from the
+config stored in the checkpoint itself.
 """
 
 from __future__ import annotations
@@ -207,13 +208,45 @@ class RunDir(os.PathLike):
         """Complete checkpoint folders, oldest first."""
         return list_checkpoints(self.checkpoints_dir)
 
-    def find_checkpoint(self, step: int | None = None) -> Path:
-        """The checkpoint of ``step`` (None: the newest); a missing one is a ScaleLongError."""
+    def eval_records(self, metric: str | None = None) -> dict[int, dict]:
+        """The Frechet-distance records (``fd``, ``fd_metric``, ...: see scalelong.evaluation) of this
+        run's own metrics log by step; a later line for a step (after a resume) replaces an earlier."""
+        records: dict[int, dict] = {}
+        for r in self.metrics():
+            fd = r.get("fd")
+            if "step" not in r or not isinstance(fd, (int, float)) or not math.isfinite(fd):
+                continue
+            if metric is None or r.get("fd_metric") == metric:
+                records[int(r["step"])] = r
+        return records
+
+    def best_step(self, metric: str | None = None, require_checkpoint: bool = True) -> int | None:
+        """The step with the lowest Frechet distance in this run's records (None if there are none).
+
+        Unlike the release, which appended every run's evaluations to one log and never cleared it
+        (so stale lines could name the "best" checkpoint), only this run's own records count, and
+        with ``require_checkpoint`` only steps whose checkpoint exists, so the answer can always be
+        re-evaluated; ties go to the earlier step.
+        """
+        records = self.eval_records(metric)
+        if require_checkpoint:
+            records = {s: r for s, r in records.items() if self.checkpoint(s).is_dir()}
+        if not records:
+            return None
+        return min(records, key=lambda s: (records[s]["fd"], s))
+
+    def find_checkpoint(self, step: int | str | None = None) -> Path:
+        """The checkpoint of ``step``: a number, None or "latest" (the newest), or "best"
+        (:meth:`best_step` by the run's eval.metric); a missing one is a ScaleLongError."""
         checkpoints = self.checkpoints()
         if not checkpoints:
             raise ScaleLongError(f"{self.path} has no checkpoint yet; train it first (scalelong train)")
-        if step is None:
+        if step in (None, "latest"):
             return checkpoints[-1]
+        if step == "best":
+            step = self.best_step(self.config().eval.metric)
+            if step is None:
+                raise ScaleLongError(f"{self.path} has no evaluation records to pick a best step from")
         path = self.checkpoint(int(step))
         if not path.is_dir():
             have = ", ".join(p.name for p in checkpoints)
@@ -229,9 +262,10 @@ class RunDir(os.PathLike):
         self.summary_file.write_text(json.dumps(summary, indent=1))
 
     def load_model(
-        self, step: int | None = None, weights: str = "ema", device: torch.device | str = "cpu"
+        self, step: int | str | None = None, weights: str = "ema", device: torch.device | str = "cpu"
     ) -> tuple[Config, nn.Module, Path]:
-        """The run's config and its model holding a checkpoint's weights (``step`` None: the newest)."""
+        """The run's config and its model holding the weights (``ema`` or ``model``) of the checkpoint
+        :meth:`find_checkpoint` picks for ``step``."""
         cfg = self.config()
         checkpoint = self.find_checkpoint(step)
         return cfg, load_model(checkpoint, cfg.model, weights, device), checkpoint

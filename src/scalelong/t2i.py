@@ -25,6 +25,7 @@ import torch
 
 from scalelong.data import from_uint8
 from scalelong.errors import ScaleLongError
+from scalelong.sampling import get_sampler, randn
 
 DEFAULT_AUTOENCODER = "CompVis/stable-diffusion-v1-4"  # its "vae" subfolder is SD's KL-f8
 DEFAULT_TEXT_ENCODER = "openai/clip-vit-large-patch14"
@@ -253,8 +254,6 @@ def generate_from_context(
     device: torch.device | str = "cpu",
 ) -> torch.Tensor:
     """Latents for caption embeddings ``context`` (B, 77, D), one seed per sample, with guidance."""
-    from scalelong.sampling import get_sampler, randn
-
     gens = [torch.Generator().manual_seed(int(s)) for s in seeds]
     x = randn((len(gens), *latent_shape), gens, device)
     cond = {"context": context.to(device)}
@@ -274,53 +273,3 @@ def read_prompts(prompts: Sequence[str] | None, prompts_file: str | Path | None)
     if not out:
         raise ScaleLongError("no prompt given: pass --prompt TEXT (repeatable) or --prompts-file FILE")
     return out
-
-
-def sample_prompts_to_dir(
-    run_dir: str | Path,
-    out: str | Path,
-    prompts: Sequence[str],
-    n: int,
-    *,
-    sampler: str | None = None,
-    steps: int | None = None,
-    seed: int = 0,
-    batch_size: int = 16,
-    guidance_scale: float | None = None,
-    step: int | str | None = None,
-    weights: str = "ema",
-    text_encoder: str | None = None,
-    autoencoder: str | None = None,
-    device: torch.device | str = "cpu",
-    progress: bool = True,
-) -> dict:
-    """Draw ``n`` images of a text-to-image run into ``out/000000.png ...``; image i shows prompt
-    ``i % len(prompts)`` from seed ``seed + i``, so a second call only draws what is missing."""
-
-    from scalelong.build import build_schedule, model_input_shape
-    from scalelong.evaluation import load_run, write_missing_pngs
-
-    cfg, model, ckpt = load_run(run_dir, step, weights, device)
-    if getattr(model, "context_embed", None) is None:
-        raise ScaleLongError(f"{run_dir} is not a text-to-image run; drop --prompt / --prompts-file")
-    t = cfg.t2i
-    scale = t.guidance_scale if guidance_scale is None else guidance_scale
-    tokenizer, text_model = load_text_encoder(text_encoder or t.text_encoder)
-    vae = load_autoencoder(autoencoder or t.autoencoder).to(device)
-    text_model.to(device)
-    out = Path(out)
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "prompts.txt").write_text("\n".join(prompts[i % len(prompts)] for i in range(n)) + "\n")
-    null = encode_prompts([""], tokenizer, text_model, device)[0]
-    schedule, shape = build_schedule(cfg.diffusion), model_input_shape(cfg.model)
-
-    def draw(idx: list[int]) -> torch.Tensor:
-        context = encode_prompts([prompts[i % len(prompts)] for i in idx], tokenizer, text_model, device)
-        latents = generate_from_context(
-            model, schedule, sampler or cfg.sample.sampler, steps or cfg.sample.steps,
-            [seed + i for i in idx], context, null, scale, shape, device,
-        )  # fmt: skip
-        return decode_latents(latents, vae, t.latent_scale)
-
-    drawn = write_missing_pngs(out, n, batch_size, draw, progress)
-    return {"out": out, "drawn": drawn, "total": n, "checkpoint": ckpt}
