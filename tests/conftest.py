@@ -37,3 +37,12 @@ def tiny_uvit_overrides(name: str, out_dir, steps: int = 30, method: str = "none
         "eval.every=0",
         "diagnostics.every=0",
     ]
+
+
+def nan_loss_at(*steps: int):
+    """A loss hook (``train(..., loss_hooks=[...])``): a NaN loss, so NaN gradients, at these steps."""
+
+    def hook(step: int, loss: torch.Tensor) -> torch.Tensor:
+        return loss * float("nan") if step in steps else loss
+
+    return hook

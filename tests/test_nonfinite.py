@@ -1,5 +1,6 @@
 """Stability knobs: the non-finite policy, mixed precision, gradient clipping, the lr schedule."""
 
+import functools
 import json
 import math
 
@@ -7,7 +8,8 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from conftest import tiny_uvit_overrides
+import scalelong.train
+from conftest import nan_loss_at, tiny_uvit_overrides
 from scalelong.checkpoint import list_checkpoints, nonfinite_tensors
 from scalelong.cli import main
 from scalelong.config import load_config
@@ -33,7 +35,7 @@ def records(run_dir):
 
 
 def test_one_nan_step_is_skipped_counted_and_never_saved(tmp_path):
-    result = train(tiny(tmp_path, "nan3", "train.debug_nan_steps=[3]"), progress=False)
+    result = train(tiny(tmp_path, "nan3"), progress=False, loss_hooks=[nan_loss_at(3)])
     logged = records(result.run_dir)
     assert [r["nonfinite_steps"] for r in logged] == [0, 1, 0, 0]  # step 3 is in the window of step 4
     assert logged[-1]["nonfinite_total"] == 1
@@ -51,7 +53,10 @@ def test_one_nan_step_is_skipped_counted_and_never_saved(tmp_path):
             assert float(next(iter(saved["optimizer"]["state"].values()))["step"]) == 3
 
 
-def test_nan_at_every_step_stops_after_k_with_exit_2(tmp_path, capsys):
+def test_nan_at_every_step_stops_after_k_with_exit_2(tmp_path, capsys, monkeypatch):
+    # `scalelong train` calls scalelong.train.train: give it a NaN loss at every step
+    nan_train = functools.partial(scalelong.train.train, loss_hooks=[nan_loss_at(*range(1, 9))])
+    monkeypatch.setattr(scalelong.train, "train", nan_train)
     cfg_args = [f"{o}" for o in tiny_uvit_overrides("allnan", tmp_path, steps=8)]
     code = main(
         [
@@ -62,7 +67,7 @@ def test_nan_at_every_step_stops_after_k_with_exit_2(tmp_path, capsys):
             "train.device=cpu",
             "train.tensorboard=false",
         ]
-        + ["sample.num_images=0", "train.max_nonfinite_steps=3", "train.debug_nan_steps=[1,2,3,4,5,6,7,8]"]
+        + ["sample.num_images=0", "train.max_nonfinite_steps=3"]
     )
     err = capsys.readouterr().err
     assert code == 2

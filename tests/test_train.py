@@ -18,6 +18,9 @@ def test_30_steps_lower_the_loss(tmp_path):
     assert losses[0] > 0.75
     assert losses[-1] < 0.85 * losses[0]
     assert (result.run_dir / "config.yaml").is_file()
+    assert (
+        "debug" not in (result.run_dir / "config.yaml").read_text()
+    )  # test hooks are passed in, not configured
     assert result.samples is not None and result.samples.is_file()
 
 

@@ -67,8 +67,8 @@ def cli(*args: str, cwd: Path) -> subprocess.CompletedProcess:
 def start_hanging(name: str, cwd: Path) -> subprocess.Popen:
     """A run that waits after its step-6 checkpoint, to be killed there."""
     return subprocess.Popen(
-        [sys.executable, "-m", "scalelong.cli", "train", "config.yaml", "--no-progress"]
-        + [f"name={name}", "train.debug_hang_at_step=6"],
+        [sys.executable, str(Path(__file__).with_name("run_until_killed.py")), "6"]
+        + ["train", "config.yaml", "--no-progress", f"name={name}"],
         cwd=cwd,
         env=ENV,
         stdout=subprocess.PIPE,

@@ -135,8 +135,6 @@ class TrainConfig:
     keep_checkpoints: int = 3  # newest checkpoints kept; 0: all
     tensorboard: bool = True  # events in <run>/tb when tensorboard is installed
     wandb: bool = False  # also log to Weights & Biases when installed
-    debug_nan_steps: list[int] = field(default_factory=list)  # tests: force a NaN loss at these steps
-    debug_hang_at_step: int = 0  # tests: after step N (and its checkpoint) wait until killed
 
 
 @dataclass
@@ -413,7 +411,6 @@ def validate(cfg: Config) -> None:
     _positive("train.max_nonfinite_steps", t.max_nonfinite_steps)
     _positive("train.checkpoint_every", t.checkpoint_every, allow_zero=True)
     _positive("train.keep_checkpoints", t.keep_checkpoints, allow_zero=True)
-    _positive("train.debug_hang_at_step", t.debug_hang_at_step, allow_zero=True)
     _positive("sample.every", cfg.sample.every, allow_zero=True)
     _choice("optim.lr_schedule", o.lr_schedule, LR_SCHEDULES)
     if not 0 <= o.min_lr_ratio <= 1:

@@ -56,7 +56,6 @@ RESUME_FREE_KEYS = (
     "train.tensorboard",
     "train.wandb",
     "train.max_nonfinite_steps",
-    "train.debug_",
     "data.path",
     "data.num_workers",
     "sample.",
@@ -73,7 +72,7 @@ def config_differences(old: dict, new: dict, prefix: str = "") -> list[str]:
         if isinstance(a, dict) and isinstance(b, dict):
             out += config_differences(a, b, f"{dotted}.")
         elif a != b and not any(
-            dotted == k or (k.endswith((".", "_")) and dotted.startswith(k)) for k in RESUME_FREE_KEYS
+            dotted == k or (k.endswith(".") and dotted.startswith(k)) for k in RESUME_FREE_KEYS
         ):
             out.append(f"{dotted}: {a!r} -> {b!r}")
     return out

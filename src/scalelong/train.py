@@ -20,11 +20,13 @@ error; only :data:`scalelong.runs.RESUME_FREE_KEYS` (run length, logging, sampli
 from __future__ import annotations
 
 import copy
+import dataclasses
 import math
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import NamedTuple
 
 import torch
 from torch import nn
@@ -49,9 +51,42 @@ from scalelong.models import conditioning
 from scalelong.runs import RunDir
 from scalelong.tracking import Tracker
 
-# Extra per-step metrics: ``hook(step, trainer) -> dict``; a non-empty dict is merged into (or
-# becomes) the record of that step. Evaluators and diagnostics plug in here.
+# Hooks a caller passes in (extensions, and tests: a forced NaN loss, a run that waits to be
+# killed), never config keys. ``step`` counts completed steps, 1-based.
+# Extra metrics of a step: a non-empty dict is merged into (or becomes) the record of that step.
 MetricHook = Callable[[int, "Trainer"], dict]
+# The loss of a step, before backward: returns the loss to backpropagate.
+LossHook = Callable[[int, torch.Tensor], torch.Tensor]
+# After a step, its log record, checkpoint and sample grid.
+StepHook = Callable[[int, "Trainer"], None]
+
+
+@dataclass
+class TrainState:
+    """The trainer's counters: with the weights, optimizer, scaler, noise generator and RNG states,
+    what a resume restores. Each field is listed once; trainer.pt keeps ``step`` and ``counters``."""
+
+    step: int = 0  # optimizer steps done, skipped ones included
+    nonfinite_total: int = 0  # steps skipped for a non-finite loss or gradient
+    nonfinite_streak: int = 0  # ... of them in a row, up to now
+    overflow_total: int = 0  # fp16 steps whose update the loss scaler skipped
+
+    def state_dict(self) -> dict:
+        counters = dataclasses.asdict(self)
+        return {"step": counters.pop("step"), "counters": counters}
+
+    def load_state_dict(self, state: dict) -> None:
+        for name, value in {"step": state["step"], **state["counters"]}.items():
+            setattr(self, name, value)
+
+
+class Draws(NamedTuple):
+    """The random draws of one step, for this process's slice of the global batch."""
+
+    flip: torch.Tensor  # (B,) bool: flip the image horizontally (used when data.hflip)
+    t: torch.Tensor  # (B,) times
+    noise: torch.Tensor  # (B, C, H, W)
+    drop_caption: torch.Tensor | None  # (B,) bool: use the empty caption; None unless text data
 
 
 @dataclass
@@ -133,8 +168,10 @@ def next_batch(batches: Iterator) -> tuple[torch.Tensor, torch.Tensor]:
 class Trainer:
     """One training run: model, EMA, optimizer, data, noise, counters; ``fit`` runs it.
 
-    Only the main process writes files. Everything that a resume must restore is in
-    :meth:`state_for_checkpoint` / :meth:`load_checkpoint`.
+    Only the main process writes files. Everything a resume restores is in :meth:`state_dict` /
+    :meth:`load_state_dict` (trainer.pt) and :meth:`save` / :meth:`load_checkpoint` (the rest).
+    ``metric_hooks``, ``loss_hooks`` and ``step_hooks`` (see :data:`MetricHook`) are lists a caller
+    may extend.
     """
 
     def __init__(self, cfg: Config, accelerator, run_dir: str | Path):
@@ -158,9 +195,10 @@ class Trainer:
         self.params = [p for p in self.model.parameters() if p.requires_grad]
         # One generator for the whole global batch, advanced alike on every process.
         self.noise_gen = torch.Generator().manual_seed(cfg.train.seed)
-        self.step = 0
-        self.nonfinite_total, self.nonfinite_streak, self.overflow_total = 0, 0, 0
+        self.state = TrainState()
         self.metric_hooks: list[MetricHook] = []
+        self.loss_hooks: list[LossHook] = []
+        self.step_hooks: list[StepHook] = []
         d = cfg.diagnostics
         # Hooks are armed only on diagnostic steps; other steps run no diagnostic code at all.
         self.diagnostics = (
@@ -170,7 +208,6 @@ class Trainer:
         # Text data: captions replaced by the empty caption at this rate (classifier-free guidance).
         self.null_context = getattr(self.dataset, "null_context", None)
         self.caption_dropout = cfg.t2i.caption_dropout if self.null_context is not None else 0.0
-        self.drop_captions: torch.Tensor | None = None
         self.evaluator = None
         if cfg.eval.every > 0 and accelerator.is_main_process:
             from scalelong.evaluation import TrainingEvaluator
@@ -182,6 +219,10 @@ class Trainer:
         """Learning rate of the update that follows ``step`` completed steps."""
         o = self.cfg.optim
         return o.lr * lr_factor(step, o.warmup_steps, self.cfg.train.steps, o.lr_schedule, o.min_lr_ratio)
+
+    @property
+    def step(self) -> int:
+        return self.state.step
 
     @property
     def lr(self) -> float:
@@ -214,17 +255,19 @@ class Trainer:
         )
         return iter(loader)
 
-    def draws(self, local_shape: torch.Size) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """Flip mask, times and noise for this process's slice of the global batch (CPU draws)."""
+    def draws(self, local_shape: torch.Size) -> Draws:
+        """This step's draws for this process's slice of the global batch (drawn on the CPU for the
+        whole global batch, so every process advances the generator alike)."""
         g, n = self.noise_gen, self.cfg.train.batch_size
         flip = torch.rand(n, generator=g) < 0.5
         t = self.schedule.sample_t(n, g)
         noise = torch.randn((n, *local_shape[1:]), generator=g)
-        k = local_shape[0]
-        lo = self.acc.process_index * k
+        drop = None
         if self.caption_dropout > 0:  # drawn only for text data, so other runs keep their streams
-            self.drop_captions = (torch.rand(n, generator=g) < self.caption_dropout)[lo : lo + k]
-        return flip[lo : lo + k], t[lo : lo + k], noise[lo : lo + k]
+            drop = torch.rand(n, generator=g) < self.caption_dropout
+        lo = self.acc.process_index * local_shape[0]
+        mine = slice(lo, lo + local_shape[0])
+        return Draws(flip[mine], t[mine], noise[mine], None if drop is None else drop[mine])
 
     # --- one step
 
@@ -234,34 +277,48 @@ class Trainer:
         """One update; returns (global mean loss, grad norm, outcome) with outcome ``ok``,
         ``nonfinite`` (loss or gradients not finite: skipped) or ``overflow`` (fp16 loss-scale
         overflow: skipped by the scaler, which lowers the scale)."""
+        step = self.step + 1
+        diagnose = self.diagnostics is not None and self.diagnostics.active_for(step)
+        loss = self.loss(images, labels, self.draws(images.shape), eager=diagnose)
+        for hook in self.loss_hooks:
+            loss = hook(step, loss)
+        loss_all, gnorm, finite = self.backward(loss)
+        if diagnose:  # before the update: gradients and features of this very step
+            self.diag_metrics = self.diagnostics.collect(step, float(loss_all))
+        return loss_all, gnorm, self.update(gnorm, *finite)
+
+    def loss(self, images: torch.Tensor, labels: torch.Tensor, d: Draws, eager: bool = False) -> torch.Tensor:
+        """Mean epsilon loss of this process's batch under the draws ``d`` (flips, times, noise,
+        dropped captions); ``eager`` bypasses the compiled forward (diagnostic steps)."""
         dev = self.acc.device
-        for group in self.optimizer.param_groups:
-            group["lr"] = self.lr
-        flip, t, noise = self.draws(images.shape)
         x0 = images.to(dev, non_blocking=True)
         if self.cfg.data.hflip:
-            x0 = torch.where(flip.to(dev)[:, None, None, None], x0.flip(-1), x0)
-        t, noise = t.to(dev), noise.to(dev)
-        diagnose = self.diagnostics is not None and self.diagnostics.active_for(self.step + 1)
+            x0 = torch.where(d.flip.to(dev)[:, None, None, None], x0.flip(-1), x0)
         labels = labels.to(dev)
-        if self.drop_captions is not None:
+        if d.drop_caption is not None:  # classifier-free guidance learns the unconditional model
             null = self.null_context.to(dev, labels.dtype)
-            labels = torch.where(self.drop_captions.to(dev)[:, None, None], null, labels)
+            labels = torch.where(d.drop_caption.to(dev)[:, None, None], null, labels)
+        net = self.model if self.compiled is None or eager else self.compiled
         cond = conditioning(self.unwrapped, labels)
-        net = self.model if self.compiled is None or diagnose else self.compiled
-        loss = epsilon_loss(net, self.schedule, x0, t, noise, **cond).mean()
-        if self.step + 1 in self.cfg.train.debug_nan_steps:
-            loss = loss * float("nan")
+        return epsilon_loss(net, self.schedule, x0, d.t.to(dev), d.noise.to(dev), **cond).mean()
+
+    def backward(self, loss: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, tuple[bool, bool]]:
+        """Gradients of ``loss``: (loss averaged over processes, gradient norm, (loss finite,
+        gradients finite)). One host sync, which every process answers alike."""
         self.acc.backward(loss)
         if self.acc.scaler is not None:
             self.acc.unscale_gradients()  # the norm, the check and clipping need true gradients
         gnorm = grad_norm(self.params)
         loss_all = self.acc.reduce(loss.detach(), "mean") if self.acc.num_processes > 1 else loss.detach()
-        # One host sync per step: skipping a step must be decided before the update. gnorm
-        # comes from all-reduced gradients and loss_all is reduced, so every process agrees.
+        # Skipping a step must be decided before the update. gnorm comes from all-reduced
+        # gradients and loss_all is reduced, so every process agrees.
         loss_ok, grads_ok = torch.stack([torch.isfinite(loss_all), torch.isfinite(gnorm)]).tolist()
-        if diagnose:  # before the update: gradients and features of this very step
-            self.diag_metrics = self.diagnostics.collect(self.step + 1, float(loss_all))
+        return loss_all, gnorm, (loss_ok, grads_ok)
+
+    def update(self, gnorm: torch.Tensor, loss_ok: bool, grads_ok: bool) -> str:
+        """Clip, step the optimizer unless the step is skipped, count, update the EMA; the outcome."""
+        for group in self.optimizer.param_groups:
+            group["lr"] = self.lr
         clip = self.cfg.train.grad_clip
         if loss_ok and grads_ok and clip > 0:
             grads = [p.grad for p in self.params if p.grad is not None]
@@ -269,17 +326,18 @@ class Trainer:
         if (loss_ok and grads_ok) or self.acc.scaler is not None:
             self.optimizer.step()  # fp16: the scaler skips non-finite gradients itself and lowers the scale
         self.optimizer.zero_grad(set_to_none=True)
-        self.step += 1
+        s = self.state
+        s.step += 1
         if not loss_ok or (not grads_ok and self.acc.scaler is None):
-            self.nonfinite_total += 1
-            self.nonfinite_streak += 1
-            return loss_all, gnorm, "nonfinite"
+            s.nonfinite_total += 1
+            s.nonfinite_streak += 1
+            return "nonfinite"
         if not grads_ok or self.optimizer.step_was_skipped:
-            self.overflow_total += 1
-            return loss_all, gnorm, "overflow"
-        self.nonfinite_streak = 0
+            s.overflow_total += 1
+            return "overflow"
+        s.nonfinite_streak = 0
         ema_update(self.ema, self.unwrapped, self.cfg.train.ema_decay)
-        return loss_all, gnorm, "ok"
+        return "ok"
 
     # --- checkpoints
 
@@ -289,27 +347,33 @@ class Trainer:
             state["cuda"] = torch.cuda.get_rng_state()
         return state
 
-    def state_for_checkpoint(self, rng_states: list[dict]) -> dict:
-        """Everything but the weights and the optimizer (trainer.pt)."""
+    def state_dict(self, rng_states: list[dict]) -> dict:
+        """trainer.pt: everything a resume restores but the weights and the optimizer; ``rng_states``
+        holds one entry per process (restored by :meth:`restore_rng`)."""
         scaler = self.acc.scaler
         return {
-            "step": self.step,
-            "lr_schedule": {"kind": self.cfg.optim.lr_schedule, "lr": self.lr},  # a function of the step
-            "scaler": scaler.state_dict() if scaler is not None else None,
+            **self.state.state_dict(),  # step, counters
             "noise_gen": self.noise_gen.get_state(),
-            "rng": rng_states,  # one entry per process
-            "data": {
-                "position": self.step,
-                "seed": self.cfg.train.seed,
-                "global_batch": self.cfg.train.batch_size,
-            },
-            "counters": {
-                "nonfinite_total": self.nonfinite_total,
-                "nonfinite_streak": self.nonfinite_streak,
-                "overflow_total": self.overflow_total,
-            },
+            "scaler": scaler.state_dict() if scaler is not None else None,
+            "rng": rng_states,
+            "data": self.data_position(),
+            "lr_schedule": {"kind": self.cfg.optim.lr_schedule, "lr": self.lr},  # a function of the step
             "num_processes": self.acc.num_processes,
         }
+
+    def load_state_dict(self, state: dict, source: Path) -> None:
+        """Restore what :meth:`state_dict` wrote (but the RNG states: see :meth:`restore_rng`)."""
+        written = state["data"]
+        if (written["global_batch"], written["seed"]) != (self.cfg.train.batch_size, self.cfg.train.seed):
+            raise ScaleLongError(f"checkpoint {source} was written with another batch size or seed")
+        self.state.load_state_dict(state)
+        self.noise_gen.set_state(state["noise_gen"])
+        if self.acc.scaler is not None and state["scaler"] is not None:
+            self.acc.scaler.load_state_dict(state["scaler"])
+
+    def data_position(self) -> dict:
+        """Where the data order stands: it follows from the step, the seed and the global batch."""
+        return {"position": self.step, "seed": self.cfg.train.seed, "global_batch": self.cfg.train.batch_size}
 
     def save(self) -> Path:
         """Checkpoint the current step (all processes call it; the main process writes)."""
@@ -325,33 +389,21 @@ class Trainer:
                 self.ema,
                 config_to_dict(self.cfg),
                 optimizer=self.optimizer.state_dict(),
-                trainer=self.state_for_checkpoint(rng_states),
+                trainer=self.state_dict(rng_states),
                 keep=self.cfg.train.keep_checkpoints,
             )
         self.acc.wait_for_everyone()
         return path
 
     def load_checkpoint(self, path: Path) -> dict:
-        """Restore weights, EMA, optimizer, schedule, scaler, counters; return the trainer state
-        (its RNG states are set by :meth:`restore_rng` once the data iterator exists)."""
+        """Restore weights, EMA, optimizer and trainer.pt; return trainer.pt's dict (its RNG states
+        are set by :meth:`restore_rng` once the data iterator exists)."""
         state = load_training_state(path)
         load_state(self.unwrapped, state["model"], str(path / "model.safetensors"))
         load_state(self.ema, state["ema"], str(path / "ema.safetensors"))
         self.optimizer.load_state_dict(state["optimizer"])
-        tr = state["trainer"]
-        if self.acc.scaler is not None and tr["scaler"] is not None:
-            self.acc.scaler.load_state_dict(tr["scaler"])
-        if (
-            tr["data"]["global_batch"] != self.cfg.train.batch_size
-            or tr["data"]["seed"] != self.cfg.train.seed
-        ):
-            raise ScaleLongError(f"checkpoint {path} was written with another batch size or seed")
-        self.noise_gen.set_state(tr["noise_gen"])
-        self.step = tr["step"]
-        c = tr["counters"]
-        self.nonfinite_total, self.nonfinite_streak = c["nonfinite_total"], c["nonfinite_streak"]
-        self.overflow_total = c["overflow_total"]
-        return tr
+        self.load_state_dict(state["trainer"], path)
+        return state["trainer"]
 
     def restore_rng(self, trainer_state: dict) -> None:
         rng = trainer_state["rng"]
@@ -406,7 +458,7 @@ class Trainer:
                 steps_since += 1
                 step = self.step
                 img_s = steps_since * t.batch_size / (time.perf_counter() - t_last)
-                if self.nonfinite_streak >= t.max_nonfinite_steps:
+                if self.state.nonfinite_streak >= t.max_nonfinite_steps:
                     self._log(tracker, step, window, gnorm, img_s, {})
                     raise self._stopped(step)
                 extra, self.diag_metrics = self.diag_metrics, {}
@@ -427,9 +479,8 @@ class Trainer:
                 if (self.cfg.sample.every and step % self.cfg.sample.every == 0) or step == t.steps:
                     samples = self.sample_grid(tracker) or samples
                 bar.update(1)
-                if step == t.debug_hang_at_step:
-                    while True:  # tests kill the process here, after the step's checkpoint
-                        time.sleep(0.5)
+                for hook in self.step_hooks:
+                    hook(step, self)
         finally:
             bar.close()
             del batches  # the loader's workers stop now, also when an error ends the run
@@ -459,11 +510,11 @@ class Trainer:
         return {"loss": torch.zeros((), device=self.acc.device), "ok": 0, "nonfinite": 0, "overflow": 0}
 
     def _stopped(self, step: int) -> ScaleLongError:
+        streak, limit = self.state.nonfinite_streak, self.cfg.train.max_nonfinite_steps
         return ScaleLongError(
-            f"training stopped at step {step}: {self.nonfinite_streak} steps in a row had a non-finite loss "
-            f"or gradient (train.max_nonfinite_steps={self.cfg.train.max_nonfinite_steps}); lower optim.lr, "
-            f"set train.grad_clip or use train.mixed_precision=no; {self.run} keeps the last good "
-            "checkpoint"
+            f"training stopped at step {step}: {streak} steps in a row had a non-finite loss or gradient "
+            f"(train.max_nonfinite_steps={limit}); lower optim.lr, set train.grad_clip or use "
+            f"train.mixed_precision=no; {self.run} keeps the last good checkpoint"
         )
 
     def _log(
@@ -478,7 +529,7 @@ class Trainer:
             "grad_norm": float(gnorm),
             "img_per_s": img_s,
             "nonfinite_steps": window["nonfinite"],
-            "nonfinite_total": self.nonfinite_total,
+            "nonfinite_total": self.state.nonfinite_total,
         }
         if self.acc.scaler is not None:
             record["overflow_steps"] = window["overflow"]
@@ -498,12 +549,14 @@ def train(
     progress: bool = True,
     resume: bool | None = None,
     metric_hooks: list[MetricHook] | None = None,
+    loss_hooks: list[LossHook] | None = None,
+    step_hooks: list[StepHook] | None = None,
 ) -> RunResult:
     """Train a model as the config says and return where its outputs are.
 
     ``resume``: None continues an existing run directory of the same config automatically,
-    True requires a checkpoint to continue from. ``overwrite`` starts over. ``metric_hooks``
-    add per-step metrics to the log (see :data:`MetricHook`).
+    True requires a checkpoint to continue from. ``overwrite`` starts over. The hooks (see
+    :data:`MetricHook`) add metrics to the log, change a step's loss, or run after each step.
     """
     from accelerate.state import AcceleratorState
 
@@ -512,6 +565,8 @@ def train(
         run = RunDir(cfg.run_dir)
         trainer = Trainer(cfg, accelerator, run)
         trainer.metric_hooks += metric_hooks or []
+        trainer.loss_hooks += loss_hooks or []
+        trainer.step_hooks += step_hooks or []
         checkpoint = on_main_process(accelerator, lambda: run.prepare(cfg, overwrite, resume))
         start_state = None
         if checkpoint is not None:
@@ -551,7 +606,7 @@ def train(
             summary = {
                 "final_loss": result.final_loss,
                 "steps": trainer.step,
-                "nonfinite_steps": trainer.nonfinite_total,
+                "nonfinite_steps": trainer.state.nonfinite_total,
             }
             if trainer.evaluator is not None:  # the recipe: re-score the best step with more samples
                 final = trainer.evaluator.finalize()
