@@ -1,0 +1,119 @@
+"""The import graph of the package: no cycle, counting imports inside functions too.
+
+Every module under src/scalelong is parsed with ``ast`` (nothing is imported), so a cycle that
+hides behind a function-level import fails here as surely as one at the top of a file.
+Importing ``a.b.c`` also runs the package ``a.b``; that implicit edge counts too, except for
+the root package ``scalelong`` whose ``__init__`` only re-exports the public names.
+"""
+
+import ast
+from pathlib import Path
+
+import pytest
+
+import scalelong
+
+ROOT = "scalelong"
+SOURCE = Path(scalelong.__file__).parent
+
+
+def module_names() -> dict[str, Path]:
+    names = {}
+    for path in sorted(SOURCE.rglob("*.py")):
+        parts = [ROOT, *path.relative_to(SOURCE).with_suffix("").parts]
+        if parts[-1] == "__init__":
+            parts.pop()
+        names[".".join(parts)] = path
+    return names
+
+
+def imported(source: str, module: str, is_package: bool, known: set[str]) -> set[str]:
+    """The package's modules that ``source`` (the text of ``module``) imports, anywhere in it."""
+    found = set()
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Import):
+            found.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:  # relative: from the package that holds ``module``
+                package = module.split(".") if is_package else module.split(".")[:-1]
+                anchor = package[: len(package) - (node.level - 1)]
+                base = ".".join(anchor + ([base] if base else []))
+            found.add(base)
+            found.update(f"{base}.{alias.name}" for alias in node.names)  # `from pkg import module`
+    edges = set()
+    for name in found:
+        parts = name.split(".")
+        # importing a.b.c runs a.b first (the root package's re-exports aside)
+        edges.update(".".join(parts[:i]) for i in range(2, len(parts) + 1))
+    return {e for e in edges if e in known and e != module}
+
+
+def import_graph() -> dict[str, set[str]]:
+    names = module_names()
+    known = set(names)
+    return {
+        name: imported(path.read_text(), name, path.name == "__init__.py", known)
+        for name, path in names.items()
+    }
+
+
+def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
+    """One cycle as [a, b, ..., a], or None."""
+    state: dict[str, str] = {}  # "open" while on the stack, "done" after
+    stack: list[str] = []
+
+    def visit(node: str) -> list[str] | None:
+        state[node] = "open"
+        stack.append(node)
+        for nxt in sorted(graph.get(node, ())):
+            if state.get(nxt) == "open":
+                return stack[stack.index(nxt) :] + [nxt]
+            if nxt not in state and (cycle := visit(nxt)) is not None:
+                return cycle
+        stack.pop()
+        state[node] = "done"
+        return None
+
+    for node in sorted(graph):
+        if node not in state and (cycle := visit(node)) is not None:
+            return cycle
+    return None
+
+
+def test_the_package_has_no_import_cycle():
+    graph = import_graph()
+    assert {"scalelong.config", "scalelong.train", "scalelong.runs", "scalelong.cli"} <= set(graph)
+    cycle = find_cycle(graph)
+    assert cycle is None, "import cycle: " + " -> ".join(cycle)
+
+
+def test_a_cycle_is_found_and_named():
+    """Negative controls: the finder sees a cycle, also one made by an import inside a function."""
+    assert find_cycle({"a": {"b"}, "b": {"c"}, "c": set()}) is None
+    assert find_cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]
+    known = {"scalelong.config", "scalelong.sampling", "scalelong.models", "scalelong.models.uvit"}
+    lazy = "def validate():\n    from scalelong.sampling import SAMPLERS\n"
+    assert imported(lazy, "scalelong.config", False, known) == {"scalelong.sampling"}
+    relative = "from .uvit import UViT\n"
+    assert imported(relative, "scalelong.models", True, known) == {"scalelong.models.uvit"}
+    graph = {"scalelong.config": imported(lazy, "scalelong.config", False, known)}
+    graph["scalelong.sampling"] = imported(
+        "from scalelong.config import Config", "scalelong.sampling", False, known
+    )
+    assert find_cycle(graph) == ["scalelong.config", "scalelong.sampling", "scalelong.config"]
+
+
+@pytest.mark.parametrize("module", ["scalelong.models.uvit", "scalelong.models.unet"])
+def test_backbones_import_only_the_skip_module(module):
+    assert import_graph()[module] <= {"scalelong.skips", "scalelong.errors"}
+
+
+def test_config_imports_no_feature_module():
+    # the schema names samplers and metrics itself; it may ask the UNet which sizes fit
+    assert import_graph()["scalelong.config"] <= {
+        "scalelong.errors",
+        "scalelong.skips",
+        "scalelong.models",
+        "scalelong.models.unet",
+    }
