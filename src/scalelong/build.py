@@ -6,10 +6,12 @@ import torch
 from torch import nn
 from torch.utils.data import Dataset
 
+from scalelong.adapters.diffusers import build_diffusers_unet2d
 from scalelong.config import Config, DataConfig, DiffusionConfig, ModelConfig
 from scalelong.data import load_dataset
 from scalelong.diffusion import VPSDE, DiscreteDDPM, Schedule
 from scalelong.errors import ScaleLongError
+from scalelong.models import UNet, UViT
 
 
 def build_model(cfg: ModelConfig, device: torch.device | str | None = None) -> nn.Module:
@@ -22,16 +24,10 @@ def build_model(cfg: ModelConfig, device: torch.device | str | None = None) -> n
             return build_model(cfg)
     s = cfg.skip
     if cfg.type == "uvit":
-        from scalelong.models.uvit import UViT
-
         return UViT(**vars(cfg.uvit), skip_method=s.method, kappa=s.kappa, ls_reduction=s.ls_reduction)
     if cfg.type == "unet":
-        from scalelong.models.unet import UNet
-
         return UNet(**vars(cfg.unet), skip_method=s.method, kappa=s.kappa, ls_reduction=s.ls_reduction)
-    if cfg.type == "diffusers_unet2d":
-        from scalelong.adapters.diffusers import build_diffusers_unet2d
-
+    if cfg.type == "diffusers_unet2d":  # diffusers itself is imported only here
         d = dict(vars(cfg.diffusers_unet2d))
         d["out_channels"] = d["in_channels"]
         return build_diffusers_unet2d(d, method=s.method, kappa=s.kappa, reduction=s.ls_reduction)

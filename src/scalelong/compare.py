@@ -24,6 +24,7 @@ from scalelong.errors import ScaleLongError
 from scalelong.plots import Records, as_float, load_metrics, series, write_plots
 from scalelong.runs import RunDir
 from scalelong.skips import METHODS
+from scalelong.train import train
 
 
 def mean_ci(values: Sequence[float]) -> tuple[float, float]:
@@ -186,8 +187,6 @@ def run_comparison(
     """Train every method for every seed (reusing finished runs) and write the report.
 
     Returns the path of report.md and the summary table (markdown)."""
-    from scalelong.train import train
-
     runs_dir = report_dir / "runs"
     runs: dict[str, list[list[dict]]] = {m: [] for m in methods}
     for k in range(seeds):

@@ -44,6 +44,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from scalelong.diffusion import add_noise
 from scalelong.errors import ScaleLongError
 from scalelong.runs import load_model
 from scalelong.skips import SkipScaling, find_skip_scaling
@@ -298,8 +299,6 @@ def robustness(
     (see :func:`scalelong.theory.lipschitz_sum`). ``model`` may be a checkpoint folder
     (``checkpoints/step-XXXXXX``): its EMA weights are probed. The model runs in eval mode.
     """
-    from scalelong.diffusion import add_noise
-
     if not isinstance(model, nn.Module):
         model = load_model(model)
     was_training = model.training

@@ -19,6 +19,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from scalelong.data import embedded_mnist
 from scalelong.errors import ScaleLongError
 
 ASSET = Path(__file__).parent / "assets" / "fd_mnist.safetensors"
@@ -83,8 +84,6 @@ def accuracy(net: nn.Module, images: torch.Tensor, labels: torch.Tensor) -> floa
 
 def train_classifier(seed: int = 0, epochs: int = 15, batch_size: int = 64, lr: float = 2e-3) -> DigitNet:
     """Train :class:`DigitNet` on the 4,000 embedded training digits; deterministic from ``seed``."""
-    from scalelong.data import embedded_mnist
-
     torch.manual_seed(seed)
     gen = torch.Generator().manual_seed(seed)
     images, labels = embedded_mnist("train")
@@ -108,8 +107,6 @@ def train_classifier(seed: int = 0, epochs: int = 15, batch_size: int = 64, lr: 
 def main(argv: list[str] | None = None) -> None:
     """Train the classifier, report its held-out accuracy and write the asset."""
     from safetensors.torch import save_file
-
-    from scalelong.data import embedded_mnist
 
     p = argparse.ArgumentParser(description="Train the FD-MNIST feature classifier.")
     p.add_argument("--seed", type=int, default=0)

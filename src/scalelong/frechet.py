@@ -13,6 +13,7 @@ tensors (B, C, H, W) in [-1, 1]; they are quantised to 8 bits first, as if saved
 from __future__ import annotations
 
 import contextlib
+import copy
 import functools
 import socket
 import warnings
@@ -26,6 +27,7 @@ import torch
 from scalelong.config import METRIC_NAMES
 from scalelong.data import embedded_mnist, to_uint8
 from scalelong.errors import ScaleLongError
+from scalelong.fd_mnist import shipped_classifier
 
 METRICS = METRIC_NAMES
 FeatureFn = Callable[[torch.Tensor], torch.Tensor]
@@ -106,10 +108,6 @@ def quantize(images: torch.Tensor) -> torch.Tensor:
 
 def fd_mnist_features(device: torch.device | str = "cpu") -> FeatureFn:
     """Hidden features of the shipped digit classifier; images (B, 1, 32, 32) in [-1, 1]."""
-    import copy
-
-    from scalelong.fd_mnist import shipped_classifier
-
     net = copy.deepcopy(shipped_classifier()).to(device)
 
     @torch.no_grad()

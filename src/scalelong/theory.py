@@ -18,6 +18,7 @@ import scipy.stats
 import torch
 from torch import nn
 
+from scalelong.models import UViT
 from scalelong.skips import SkipScaling, find_skip_scaling
 
 
@@ -192,8 +193,6 @@ def feature_bound_experiment(
                     model = ReLUUNet(width, depth, method, kappa)
                     hs = model.hidden(x)[0]
                 elif kind == "uvit":
-                    from scalelong.models.uvit import UViT
-
                     x = torch.randn(batch, 3, 8, 8, generator=g)
                     t = torch.rand(batch, generator=g) * 999
                     model = UViT(8, 2, 3, width, depth, 4, skip_method=method, kappa=kappa)

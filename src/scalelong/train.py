@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import hashlib
 import math
 import time
 from collections.abc import Callable, Iterator
@@ -46,9 +47,11 @@ from scalelong.data import EpochBatches
 from scalelong.diagnostics import Diagnostics
 from scalelong.diffusion import epsilon_loss
 from scalelong.errors import ScaleLongError
+from scalelong.evaluation import TrainingEvaluator
 from scalelong.launch import make_accelerator, on_main_process, sigterm_as_interrupt
 from scalelong.models import conditioning
 from scalelong.runs import RunDir
+from scalelong.sampling import generate
 from scalelong.tracking import Tracker
 
 # Hooks a caller passes in (extensions, and tests: a forced NaN loss, a run that waits to be
@@ -140,8 +143,6 @@ def save_grid(images: torch.Tensor, path: Path) -> torch.Tensor:
 @torch.no_grad()
 def sample_images(model: nn.Module, cfg: Config, n: int, device: torch.device, seed: int) -> torch.Tensor:
     """Draw ``n`` images with the config's sampler; labels cycle through the classes."""
-    from scalelong.sampling import generate
-
     labels = torch.arange(n) % max(getattr(model, "num_classes", 0) or 0, 1)
     seeds = [seed * 100_003 + i for i in range(n)]
     schedule = build_schedule(cfg.diffusion)
@@ -210,8 +211,6 @@ class Trainer:
         self.caption_dropout = cfg.t2i.caption_dropout if self.null_context is not None else 0.0
         self.evaluator = None
         if cfg.eval.every > 0 and accelerator.is_main_process:
-            from scalelong.evaluation import TrainingEvaluator
-
             # Built now so a bad reference path fails before any training.
             self.evaluator = TrainingEvaluator(cfg, self.run, accelerator.device)
 
@@ -490,8 +489,6 @@ class Trainer:
 
     def check_processes_agree(self) -> None:
         """All processes must end with bitwise identical weights (one collective, at the end)."""
-        import hashlib
-
         from accelerate.utils import gather_object
 
         digest = hashlib.sha256()
