@@ -149,8 +149,7 @@ def _step_arg(value: str) -> int | str:
 
 def _add_sampling_commands(sub) -> None:
     """``sample``, ``fid-stats`` and ``eval``: drawing images from a run and scoring them."""
-    from scalelong.config import METRIC_NAMES as METRICS
-    from scalelong.config import SAMPLER_NAMES as SAMPLERS
+    from scalelong.config import METRIC_NAMES, SAMPLER_NAMES
 
     def common(p: argparse.ArgumentParser) -> None:
         p.add_argument("--device", default="auto", choices=("auto", "cpu", "cuda"))
@@ -158,7 +157,7 @@ def _add_sampling_commands(sub) -> None:
 
     def checkpoint_args(p: argparse.ArgumentParser) -> None:
         p.add_argument("run_dir", help="run directory written by `scalelong train`, e.g. runs/demo")
-        p.add_argument("--sampler", choices=tuple(SAMPLERS), help="default: the run's config")
+        p.add_argument("--sampler", choices=SAMPLER_NAMES, help="default: the run's config")
         p.add_argument("--steps", type=int, help="sampler steps; default: the run's config")
         p.add_argument("--step", type=_step_arg, help="checkpoint step, 'latest' (default) or 'best'")
         p.add_argument("--batch-size", type=int, help="images per network batch")
@@ -188,7 +187,7 @@ def _add_sampling_commands(sub) -> None:
     )
     _add_config_args(p)
     p.add_argument("--out", required=True, help="statistics file to write, e.g. stats/cifar10.npz")
-    p.add_argument("--metric", default="fid", choices=METRICS)
+    p.add_argument("--metric", default="fid", choices=METRIC_NAMES)
     p.add_argument("--inception-weights", help=inception)
     p.add_argument("--limit", type=int, help="use only the first N images")
     p.add_argument("--batch-size", type=int, default=250)
@@ -203,7 +202,7 @@ def _add_sampling_commands(sub) -> None:
     checkpoint_args(p)
     p.add_argument("--n", type=int, default=10000, help="number of samples (the recipe: 10k, final 50k)")
     p.add_argument("--fid-stats", help="reference statistics from `scalelong fid-stats` (read first)")
-    p.add_argument("--metric", choices=METRICS, help="default: the run's eval.metric")
+    p.add_argument("--metric", choices=METRIC_NAMES, help="default: the run's eval.metric")
     p.add_argument("--inception-weights", help=inception)
     common(p)
     p.set_defaults(func=cmd_eval)

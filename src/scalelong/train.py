@@ -1,10 +1,11 @@
 """The trainer: AdamW with warm-up, EMA, mixed precision, a non-finite policy, atomic checkpoints
 with exact resume, metrics, sample grids.
 
-Device placement and processes go through Hugging Face Accelerate: the same code runs on one
-CPU, one GPU, several GPUs or nodes (``scalelong train --num-processes N`` or ``accelerate
-launch -m scalelong.cli train ...``). ``train.batch_size`` is the global batch; each process
-takes its slice of it.
+Device placement and processes go through Hugging Face Accelerate (:mod:`scalelong.launch`):
+the same code runs on one CPU, one GPU, several GPUs or nodes (``scalelong train
+--num-processes N`` or ``accelerate launch -m scalelong.cli train ...``). ``train.batch_size``
+is the global batch; each process takes its slice of it. The run's files go to its run
+directory (:class:`scalelong.runs.RunDir`).
 
 Determinism: one seed drives model initialisation, data order (:class:`EpochBatches`) and the
 noise. Flips, times and noise are drawn for the whole global batch from one generator that
