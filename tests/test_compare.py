@@ -93,6 +93,7 @@ def test_parse_methods_rejects_unknown_and_repeated():
         parse_methods("cs,cs")
 
 
+@pytest.mark.slow
 def test_compare_command_writes_every_plot_and_the_table(tmp_path, capsys):
     overrides = tiny_uvit_overrides("cmp", tmp_path, steps=6, method="none") + [
         "model.uvit.depth=4",

@@ -71,6 +71,7 @@ def test_stats_round_trip_and_user_errors(tmp_path) -> None:
         frechet_distance(mu, sigma, np.zeros(4), np.eye(4))
 
 
+@pytest.mark.slow
 def test_fid_path_end_to_end_with_random_inception(tmp_path) -> None:
     """No download: the pytorch-fid network with random weights, on tiny grey and colour images."""
     features = inception_features(random_init=True)

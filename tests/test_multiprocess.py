@@ -6,6 +6,7 @@ import os
 import subprocess
 import sys
 
+import pytest
 import torch
 from safetensors.torch import load_file
 
@@ -28,6 +29,7 @@ def overrides(name, out_dir):
     ]
 
 
+@pytest.mark.slow
 def test_two_processes_match_one(tmp_path):
     # `accelerate launch --cpu` starts one process unless MPI is set up; `--multi_gpu` starts
     # torchrun-style processes, and train.device=cpu makes Accelerate use gloo on the CPU.

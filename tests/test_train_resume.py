@@ -120,6 +120,7 @@ def workdir(tmp_path_factory) -> Path:
     return root
 
 
+@pytest.mark.slow
 def test_checkpoint_holds_the_full_state(workdir):
     run = workdir / "runs" / "straight"
     assert [p.name for p in list_checkpoints(run / "checkpoints")] == ["step-000006", "step-000012"]
@@ -140,6 +141,7 @@ def test_checkpoint_holds_the_full_state(workdir):
     assert not all(torch.equal(model[k], ema[k]) for k in model)
 
 
+@pytest.mark.slow
 def test_sigkill_after_step_6_then_resume_is_bitwise_exact(workdir):
     proc = start_hanging("killed", workdir)
     run = workdir / "runs" / "killed"
@@ -156,6 +158,7 @@ def test_sigkill_after_step_6_then_resume_is_bitwise_exact(workdir):
     assert steps == [3, 6, 9, 12]
 
 
+@pytest.mark.slow
 def test_truncated_newest_checkpoint_falls_back_to_the_one_before(workdir):
     straight = workdir / "runs" / "straight"
     run = workdir / "runs" / "damaged"
@@ -173,6 +176,7 @@ def test_truncated_newest_checkpoint_falls_back_to_the_one_before(workdir):
     assert_bitwise_equal(final_state(straight)["model"], final_state(run)["model"])
 
 
+@pytest.mark.slow
 def test_different_config_in_existing_run_dir_is_an_error(workdir, monkeypatch, capsys):
     # No training happens here, so the command runs in this process.
     monkeypatch.chdir(workdir)
@@ -188,6 +192,7 @@ def test_different_config_in_existing_run_dir_is_an_error(workdir, monkeypatch, 
     assert "complete at step 12" in capsys.readouterr().out
 
 
+@pytest.mark.slow
 def test_sigterm_exits_2_and_leaves_the_last_complete_checkpoint(workdir):
     proc = start_hanging("terminated", workdir)
     run = workdir / "runs" / "terminated"
