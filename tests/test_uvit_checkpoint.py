@@ -6,6 +6,7 @@ from scalelong.adapters import load_uvit_checkpoint
 from scalelong.config import ModelConfig, SkipConfig, UViTConfig
 from scalelong.errors import ScaleLongError
 from scalelong.models import UViT
+from scalelong.models.uvit import timestep_embedding
 
 # A tiny U-ViT: img 8, patch 2 (16 patches), D 16, depth 2 (1 in, 1 mid, 1 out), 4 heads,
 # class-conditional with 10 classes: L = 1 time + 1 label + 16 patches = 18 tokens.
@@ -99,3 +100,39 @@ def test_clear_errors(tmp_path):
         load_uvit_checkpoint(tmp_path / "pickle.pth", TINY)
     with pytest.raises(ScaleLongError, match="ModelConfig, UViTConfig or dict"):
         load_uvit_checkpoint(tmp_path / "keys.pth", 3)
+
+
+def tokens_entering_blocks(model: UViT, *args) -> torch.Tensor:
+    """The (B, L, D) sequence the first in-block receives."""
+    seen = []
+    handle = model.in_blocks[0].register_forward_pre_hook(lambda m, inp: seen.append(inp[0]))
+    with torch.no_grad():
+        model(*args)
+    handle.remove()
+    return seen[0]
+
+
+def test_token_order_follows_the_release():
+    """Class-conditional: [label, time, patches]; text-conditional: [time, context, patches].
+
+    The release (sail-sg/ScaleLong and baofff/U-ViT libs/uvit.py) prepends the label token
+    after the time token; libs/uvit_t2i.py concatenates (time, context, patches).
+    """
+    torch.manual_seed(0)
+    x, t, y = torch.randn(2, 3, 8, 8), torch.tensor([3.0, 700.0]), torch.tensor([1, 2])
+    model = UViT(**vars(TINY)).eval()
+    seq = tokens_entering_blocks(model, x, t, y)
+    pos = model.pos_embed[0]
+    with torch.no_grad():
+        torch.testing.assert_close(seq[:, 0], model.label_emb(y) + pos[0])
+        torch.testing.assert_close(seq[:, 1], timestep_embedding(t, 16) + pos[1])
+        torch.testing.assert_close(seq[:, 2:], model.patch_embed(x) + pos[2:])
+
+    t2i = UViT(**{**vars(TINY), "num_classes": 0, "context_dim": 6, "context_tokens": 3}).eval()
+    context = torch.randn(2, 3, 6)
+    seq = tokens_entering_blocks(t2i, x, t, None, context)
+    pos = t2i.pos_embed[0]
+    with torch.no_grad():
+        torch.testing.assert_close(seq[:, 0], timestep_embedding(t, 16) + pos[0])
+        torch.testing.assert_close(seq[:, 1:4], t2i.context_embed(context) + pos[1:4])
+        torch.testing.assert_close(seq[:, 4:], t2i.patch_embed(x) + pos[4:])
