@@ -1,8 +1,10 @@
 import pytest
 import torch
+import torch.nn.functional as F
 from safetensors.torch import save_file
 
 from scalelong.adapters import load_uvit_checkpoint
+from scalelong.build import build_model, count_parameters
 from scalelong.config import ModelConfig, SkipConfig, UViTConfig
 from scalelong.errors import ScaleLongError
 from scalelong.models import UViT
@@ -136,3 +138,33 @@ def test_token_order_follows_the_release():
         torch.testing.assert_close(seq[:, 0], timestep_embedding(t, 16) + pos[0])
         torch.testing.assert_close(seq[:, 1:4], t2i.context_embed(context) + pos[1:4])
         torch.testing.assert_close(seq[:, 4:], t2i.patch_embed(x) + pos[4:])
+
+
+def test_mlp_time_embed_has_the_release_layout_and_loads(tmp_path):
+    """mlp_time_embed=True: time token = Linear(D, 4D) -> SiLU -> Linear(4D, D) of the sinusoid."""
+    D = 16
+    cfg = ModelConfig(type="uvit", uvit=UViTConfig(**{**vars(TINY), "mlp_time_embed": True}))
+    torch.manual_seed(0)
+    model = build_model(cfg).eval()
+    extra = {k: tuple(v.shape) for k, v in model.state_dict().items() if k not in released_state()}
+    assert extra == {
+        "time_embed.0.weight": (4 * D, D),
+        "time_embed.0.bias": (4 * D,),
+        "time_embed.2.weight": (D, 4 * D),
+        "time_embed.2.bias": (D,),
+    }
+    assert count_parameters(model) - count_parameters(UViT(**vars(TINY))) == 8 * D * D + 5 * D
+    assert UViTConfig().mlp_time_embed is False  # the release's configs
+
+    x, t, y = torch.randn(2, 3, 8, 8), torch.tensor([3.0, 700.0]), torch.tensor([1, 2])
+    seq = tokens_entering_blocks(model, x, t, y)
+    with torch.no_grad():
+        expected = model.time_embed[2](F.silu(model.time_embed[0](timestep_embedding(t, D))))
+        torch.testing.assert_close(seq[:, 1], expected + model.pos_embed[0, 1])
+
+    state = released_state() | {k: torch.randn(s) for k, s in extra.items()}
+    torch.save(state, tmp_path / "mlp_time.pth")
+    loaded = load_uvit_checkpoint(tmp_path / "mlp_time.pth", cfg)
+    assert torch.equal(loaded.time_embed[0].weight, state["time_embed.0.weight"])
+    with pytest.raises(ScaleLongError, match=r"unexpected 4: time_embed\.0\.weight.*mlp_time_embed"):
+        load_uvit_checkpoint(tmp_path / "mlp_time.pth", TINY)

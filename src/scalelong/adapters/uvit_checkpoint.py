@@ -97,7 +97,8 @@ def load_uvit_checkpoint(path: str | Path, config: Any, strict: bool = True) -> 
     if problems:
         raise ScaleLongError(
             f"U-ViT checkpoint {path} does not fit the config ({'; '.join(problems)}); check img_size, "
-            "patch_size, embed_dim, depth, num_classes, context_dim and conv_out against the release"
+            "patch_size, embed_dim, depth, num_classes, context_dim, mlp_time_embed and conv_out against "
+            "the release"
         )
     model.load_state_dict({k: state[k] for k in expected}, strict=False)
     return model

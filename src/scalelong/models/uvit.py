@@ -101,6 +101,9 @@ class UViT(nn.Module):
             the time token.
         context_tokens: number of text tokens (77 for CLIP).
         conv_out: the release's final 3x3 convolution after unpatchify.
+        mlp_time_embed: pass the sinusoidal time embedding through the release's
+            Linear(D, 4D) -> SiLU -> Linear(4D, D) (``time_embed.0``, ``time_embed.2``);
+            False (the release's configs) uses the sinusoid itself as the time token.
         skip_method, kappa, ls_reduction: the ScaleLong method on the long skips.
     """
 
@@ -118,6 +121,7 @@ class UViT(nn.Module):
         context_dim: int = 0,
         context_tokens: int = 77,
         conv_out: bool = True,
+        mlp_time_embed: bool = False,
         skip_method: str = "none",
         kappa: float = 0.5,
         ls_reduction: int = 16,
@@ -128,6 +132,11 @@ class UViT(nn.Module):
         self.num_classes = num_classes
         self.patch_embed = PatchEmbed(patch_size, in_channels, embed_dim)
         num_patches = (img_size // patch_size) ** 2
+        self.time_embed = (
+            nn.Sequential(nn.Linear(embed_dim, 4 * embed_dim), nn.SiLU(), nn.Linear(4 * embed_dim, embed_dim))
+            if mlp_time_embed
+            else nn.Identity()
+        )
         self.label_emb = nn.Embedding(num_classes, embed_dim) if num_classes > 0 else None
         self.context_embed = nn.Linear(context_dim, embed_dim) if context_dim > 0 else None
         self.extras = 1 + (num_classes > 0) + (context_tokens if context_dim > 0 else 0)
@@ -167,7 +176,8 @@ class UViT(nn.Module):
         context: torch.Tensor | None = None,
     ) -> torch.Tensor:
         x = self.patch_embed(x)  # (B, P, D)
-        tokens = [timestep_embedding(t, self.embed_dim).to(x.dtype).unsqueeze(1)]  # (B, 1, D)
+        time_token = self.time_embed(timestep_embedding(t, self.embed_dim).to(x.dtype)).unsqueeze(1)
+        tokens = [time_token]  # (B, 1, D)
         if self.label_emb is not None:
             tokens.insert(0, self.label_emb(y).unsqueeze(1))  # the label token comes first
         if self.context_embed is not None:
