@@ -42,6 +42,7 @@ class UViTConfig:
     context_dim: int = 0  # > 0: text-conditional, context_tokens tokens of this width
     context_tokens: int = 77
     conv_out: bool = True
+    mlp_time_embed: bool = False  # the release's MLP on the time token (its configs use False)
 
 
 @dataclass

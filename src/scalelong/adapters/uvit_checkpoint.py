@@ -1,14 +1,27 @@
 """Load released U-ViT checkpoints (``nnet.pth`` and the like) into :class:`~scalelong.models.UViT`.
 
-Our parameter names equal the release's (patch_embed.proj, pos_embed, in_blocks.N.*,
-mid_block.*, out_blocks.N.skip_linear, norm, decoder_pred, final_layer, label_emb,
-context_embed), so loading is a checked ``load_state_dict``. The release has no ScaleLong
-parameters: ours (``skip_scaling.*``, learned methods only) keep their initialisation.
+Our parameter names equal the release's (patch_embed.proj, pos_embed, time_embed, label_emb,
+context_embed, in_blocks.N.*, mid_block.*, out_blocks.N.skip_linear, norm, decoder_pred,
+final_layer), so those load as they are. The ScaleLong release (sail-sg/ScaleLong,
+``libs/uvit.py``) also stores its learned LS gates, which are renamed to ours:
+
+- ``scalelong=3`` (LS, shared; our ``ls``): ``se.layer1.*``, ``se.layer2.*``
+  -> ``skip_scaling.gates.0.excite.0.*``, ``skip_scaling.gates.0.excite.2.*``;
+- ``scalelong=4`` (LS per skip; our ``ls-nonshare``): ``se.{k}.layer{1,2}.*`` serves the
+  k-th out-block, i.e. skip N - k counted from the innermost (k = 0 is our skip N), and goes
+  to ``skip_scaling.gates.{N - 1 - k}.*`` (our gate ``i - 1`` serves skip i, 1 = outermost).
+
+Checkpoints written by this library (``skip_scaling.*``) load unchanged. A checkpoint without
+gates loaded into a learned method leaves the gates at their initialisation (fine-tuning a
+released model with LS). Nothing in the file is dropped silently: a tensor left over is an
+error that names it (a warning with ``strict=False``).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import re
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -17,6 +30,46 @@ import torch
 from scalelong.errors import ScaleLongError
 
 OURS = "skip_scaling."
+# The release's LS gates: se.layer{1,2}.* (shared) or se.{k}.layer{1,2}.* (k-th out-block).
+RELEASE_GATE = re.compile(r"se\.(?:(\d+)\.)?layer([12])\.(weight|bias)")
+RELEASE_MODE = {"ls": "scalelong=3, shared LS", "ls-nonshare": "scalelong=4, LS per skip"}
+
+
+def _listed(names: list[str], limit: int = 8) -> str:
+    return f"{len(names)}: " + ", ".join(names[:limit]) + (" ..." if len(names) > limit else "")
+
+
+def map_release_gates(state: dict[str, torch.Tensor], method: str, num_skips: int) -> dict[str, torch.Tensor]:
+    """``state`` with the release's LS gates (``se.*``) renamed to ours (see the module docstring).
+
+    Raises :class:`ScaleLongError` when the gates belong to another method than ``method``.
+    Keys under ``se.`` that fit no gate of the model stay as they are (and are reported later).
+    """
+    gates = {k: RELEASE_GATE.fullmatch(k) for k in state if k.startswith("se.")}
+    if not gates:
+        return state
+    kinds = {"ls" if m.group(1) is None else "ls-nonshare" for m in gates.values() if m is not None}
+    if len(kinds) != 1:
+        raise ScaleLongError(
+            "the checkpoint's LS gates (se.*) follow no layout of the release: "
+            + ", ".join(sorted(gates)[:8])
+            + "; expected se.layer1.*, se.layer2.* (shared) or se.<k>.layer1.*, se.<k>.layer2.* (per skip)"
+        )
+    (kind,) = kinds
+    if method != kind:
+        raise ScaleLongError(
+            f"the checkpoint holds the release's LS gates ({RELEASE_MODE[kind]}, se.*) but the skip "
+            f"method is {method!r}; set the skip method (model.skip.method or skip_method) to {kind!r}"
+        )
+    out = {k: v for k, v in state.items() if k not in gates}
+    for key, m in gates.items():
+        gate = 0 if m is None or m.group(1) is None else num_skips - 1 - int(m.group(1))
+        if m is None or gate < 0:
+            out[key] = state[key]  # left over: no gate of this model
+            continue
+        layer = "0" if m.group(2) == "1" else "2"  # excite = Linear, ReLU, Linear, Sigmoid
+        out[f"{OURS}gates.{gate}.excite.{layer}.{m.group(3)}"] = state[key]
+    return out
 
 
 def read_state_dict(path: str | Path) -> dict[str, torch.Tensor]:
@@ -45,10 +98,11 @@ def load_uvit_checkpoint(path: str | Path, config: Any, strict: bool = True) -> 
         path: the checkpoint file (torch state dict or safetensors).
         config: a :class:`~scalelong.config.ModelConfig` (its ``uvit`` section and skip method),
             a :class:`~scalelong.config.UViTConfig`, or a dict of ``UViT`` keyword arguments.
-        strict: reject checkpoint entries the model does not have.
+        strict: reject checkpoint entries the model does not have (an error naming them);
+            ``False`` ignores them with a warning that names them.
 
-    Every model parameter except ours (``skip_scaling.*``) must be present with its exact shape;
-    errors list the offending names and shapes.
+    Every model parameter must be present with its exact shape, except our LS gates when the
+    checkpoint has none; errors list the offending names and shapes.
     """
     from scalelong.config import ModelConfig, UViTConfig
     from scalelong.models.uvit import UViT
@@ -72,10 +126,17 @@ def load_uvit_checkpoint(path: str | Path, config: Any, strict: bool = True) -> 
     except TypeError as e:
         raise ScaleLongError(f"invalid U-ViT config: {e}") from e
     state = read_state_dict(path)
+    try:
+        state = map_release_gates(state, model.skip_scaling.method, model.num_skips)
+    except ScaleLongError as e:
+        raise ScaleLongError(f"U-ViT checkpoint {path}: {e}") from None
 
-    expected = {k: v for k, v in model.state_dict().items() if not k.startswith(OURS)}
-    missing = [k for k in expected if k not in state]
-    unexpected = [k for k in state if k not in expected and not k.startswith(OURS)]
+    expected = model.state_dict()
+    ours = [k for k in expected if k.startswith(OURS)]
+    # Our gates are loaded when the checkpoint has any (then all), else they keep their init.
+    required = [k for k in expected if not k.startswith(OURS) or any(o in state for o in ours)]
+    missing = [k for k in required if k not in state]
+    unexpected = [k for k in state if k not in expected]
     wrong = [
         f"{k}: checkpoint {tuple(state[k].shape)} vs model {tuple(v.shape)}"
         for k, v in expected.items()
@@ -85,19 +146,16 @@ def load_uvit_checkpoint(path: str | Path, config: Any, strict: bool = True) -> 
     if wrong:
         problems.append("shape mismatch: " + "; ".join(wrong[:8]) + (" ..." if len(wrong) > 8 else ""))
     if missing:
-        problems.append(
-            f"missing {len(missing)}: " + ", ".join(missing[:8]) + (" ..." if len(missing) > 8 else "")
-        )
+        problems.append("missing " + _listed(missing))
     if unexpected and strict:
-        problems.append(
-            f"unexpected {len(unexpected)}: "
-            + ", ".join(unexpected[:8])
-            + (" ..." if len(unexpected) > 8 else "")
-        )
+        problems.append("unexpected " + _listed(unexpected))
     if problems:
         raise ScaleLongError(
             f"U-ViT checkpoint {path} does not fit the config ({'; '.join(problems)}); check img_size, "
-            "patch_size, embed_dim, depth, num_classes, context_dim and conv_out against the release"
+            "patch_size, embed_dim, depth, num_classes, context_dim, mlp_time_embed, conv_out and the "
+            "skip method against the release"
         )
-    model.load_state_dict({k: state[k] for k in expected}, strict=False)
+    if unexpected:
+        warnings.warn(f"U-ViT checkpoint {path}: ignored {_listed(unexpected, 32)}", stacklevel=2)
+    model.load_state_dict({k: state[k] for k in expected if k in state}, strict=False)
     return model

@@ -1,8 +1,11 @@
 """U-ViT (Bao et al., "All are Worth Words", CVPR 2023) with ScaleLong on its long skips.
 
 Parameter names follow the released U-ViT, so released checkpoints load without renaming.
-All conditioning (time, class, text) enters as tokens prepended to the patch tokens; the
-long skips join the in-blocks to the out-blocks in LIFO order.
+All conditioning (time, class, text) enters as tokens prepended to the patch tokens, in the
+release's order: [label, time, patches] for class-conditional models (sail-sg/ScaleLong and
+baofff/U-ViT ``libs/uvit.py``), [time, context, patches] for text-to-image ones
+(baofff/U-ViT ``libs/uvit_t2i.py``). The long skips join the in-blocks to the out-blocks in
+LIFO order.
 """
 
 from __future__ import annotations
@@ -92,10 +95,15 @@ class UViT(nn.Module):
         num_heads: attention heads.
         mlp_ratio: hidden width of the MLPs as a multiple of D.
         qkv_bias: bias on the qkv projection (the release has none).
-        num_classes: > 0 adds a class token (labels 0 .. num_classes - 1); 0 means unconditional.
-        context_dim: > 0 adds ``context_tokens`` text tokens projected from this width.
+        num_classes: > 0 adds a class token (labels 0 .. num_classes - 1) in front of the time
+            token, as the release does; 0 means unconditional.
+        context_dim: > 0 adds ``context_tokens`` text tokens projected from this width, after
+            the time token.
         context_tokens: number of text tokens (77 for CLIP).
         conv_out: the release's final 3x3 convolution after unpatchify.
+        mlp_time_embed: pass the sinusoidal time embedding through the release's
+            Linear(D, 4D) -> SiLU -> Linear(4D, D) (``time_embed.0``, ``time_embed.2``);
+            False (the release's configs) uses the sinusoid itself as the time token.
         skip_method, kappa, ls_reduction: the ScaleLong method on the long skips.
     """
 
@@ -113,6 +121,7 @@ class UViT(nn.Module):
         context_dim: int = 0,
         context_tokens: int = 77,
         conv_out: bool = True,
+        mlp_time_embed: bool = False,
         skip_method: str = "none",
         kappa: float = 0.5,
         ls_reduction: int = 16,
@@ -123,6 +132,11 @@ class UViT(nn.Module):
         self.num_classes = num_classes
         self.patch_embed = PatchEmbed(patch_size, in_channels, embed_dim)
         num_patches = (img_size // patch_size) ** 2
+        self.time_embed = (
+            nn.Sequential(nn.Linear(embed_dim, 4 * embed_dim), nn.SiLU(), nn.Linear(4 * embed_dim, embed_dim))
+            if mlp_time_embed
+            else nn.Identity()
+        )
         self.label_emb = nn.Embedding(num_classes, embed_dim) if num_classes > 0 else None
         self.context_embed = nn.Linear(context_dim, embed_dim) if context_dim > 0 else None
         self.extras = 1 + (num_classes > 0) + (context_tokens if context_dim > 0 else 0)
@@ -162,9 +176,10 @@ class UViT(nn.Module):
         context: torch.Tensor | None = None,
     ) -> torch.Tensor:
         x = self.patch_embed(x)  # (B, P, D)
-        tokens = [timestep_embedding(t, self.embed_dim).to(x.dtype).unsqueeze(1)]
+        time_token = self.time_embed(timestep_embedding(t, self.embed_dim).to(x.dtype)).unsqueeze(1)
+        tokens = [time_token]  # (B, 1, D)
         if self.label_emb is not None:
-            tokens.append(self.label_emb(y).unsqueeze(1))
+            tokens.insert(0, self.label_emb(y).unsqueeze(1))  # the label token comes first
         if self.context_embed is not None:
             tokens.append(self.context_embed(context))
         x = torch.cat([*tokens, x], dim=1) + self.pos_embed  # (B, L, D)
