@@ -36,8 +36,10 @@ def build_model(cfg: ModelConfig, device: torch.device | str | None = None) -> n
 
 def build_schedule(cfg: DiffusionConfig) -> Schedule:
     if cfg.schedule == "vpsde":
-        return VPSDE(cfg.beta_min, cfg.beta_max)
-    return DiscreteDDPM(cfg.num_steps, cfg.beta_schedule, cfg.beta_start, cfg.beta_end)
+        return VPSDE(cfg.beta_min, cfg.beta_max, prediction=cfg.prediction)
+    return DiscreteDDPM(
+        cfg.num_steps, cfg.beta_schedule, cfg.beta_start, cfg.beta_end, prediction=cfg.prediction
+    )
 
 
 def build_dataset(cfg: DataConfig) -> Dataset:

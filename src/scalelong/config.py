@@ -107,6 +107,7 @@ class DiffusionConfig:
     beta_schedule: str = "linear"  # ddpm: linear | scaled_linear
     beta_start: float = 1e-4  # ddpm
     beta_end: float = 0.02  # ddpm
+    prediction: str = "eps"  # network output: eps (the recipe) | v (v-prediction, scalelong.diffusion)
 
 
 @dataclass
@@ -151,6 +152,8 @@ class DiagnosticsConfig:
     every: int = 100  # skip / block / oscillation statistics every N steps (scalelong.diagnostics); 0: off
     window: int = 20  # logged values the oscillation statistics look back over
     spike_factor: float = 3.0  # a loss above this multiple of the window's median is a spike
+    noise_levels: int = 256  # held-out images for the denoising error per noise level (noise/*); 0: off
+    noise_levels_every: int = 0  # steps between those measurements; 0: with each evaluation and at the end
 
 
 @dataclass
@@ -346,6 +349,7 @@ DEVICES = ("auto", "cpu", "cuda")
 # that validating a config imports neither; a test keeps them equal.
 SAMPLER_NAMES = ("euler_maruyama", "ode_euler", "ddim", "dpm_solver", "dpm_solver_pp")
 METRIC_NAMES = ("fd-mnist", "fid")
+PREDICTION_NAMES = ("eps", "v")  # scalelong.diffusion.PREDICTIONS
 
 
 def validate(cfg: Config) -> None:
@@ -389,6 +393,7 @@ def validate(cfg: Config) -> None:
     d = cfg.diffusion
     _choice("diffusion.schedule", d.schedule, SCHEDULES)
     _choice("diffusion.beta_schedule", d.beta_schedule, ("linear", "scaled_linear"))
+    _choice("diffusion.prediction", d.prediction, PREDICTION_NAMES)
     if not 0 < d.beta_min < d.beta_max:
         raise ScaleLongError("diffusion: need 0 < beta_min < beta_max")
     o = cfg.optim
@@ -423,6 +428,8 @@ def validate(cfg: Config) -> None:
     _positive("sample.steps", cfg.sample.steps)
     _positive("sample.num_images", cfg.sample.num_images, allow_zero=True)
     _positive("diagnostics.every", cfg.diagnostics.every, allow_zero=True)
+    _positive("diagnostics.noise_levels", cfg.diagnostics.noise_levels, allow_zero=True)
+    _positive("diagnostics.noise_levels_every", cfg.diagnostics.noise_levels_every, allow_zero=True)
     if cfg.diagnostics.window < 2 or cfg.diagnostics.spike_factor <= 1:
         raise ScaleLongError("diagnostics: need window >= 2 and spike_factor > 1")
     _validate_eval(cfg.eval)

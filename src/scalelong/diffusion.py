@@ -8,6 +8,16 @@ time value the network is fed. Two schedules share that interface:
   time t * 999.
 * :class:`DiscreteDDPM`: the 1000-step DDPM chain (Ho et al. 2020) with "linear" or
   Stable Diffusion's "scaled_linear" betas; t is the integer step, fed to the network as is.
+
+What the network outputs is the schedule's ``prediction`` (as diffusers' ``prediction_type``):
+
+* ``eps``: the noise (Ho et al. 2020), the ScaleLong / U-ViT recipe;
+* ``v``: v = alpha eps - sigma x0 (Salimans & Ho 2022, Sec. 4). Its loss weights the x0 error by
+  1 + SNR instead of SNR, so the high-noise levels that decide a sample's global shape are learnt
+  too: with ``eps`` an error e at time t becomes an x0 error e * sigma / alpha, which at the end
+  of the VP-SDE (alpha(1) ~ 0.0065) is a 150-fold amplification.
+
+Samplers always receive epsilon (:func:`output_to_epsilon`), so every sampler serves both.
 """
 
 from __future__ import annotations
@@ -15,6 +25,15 @@ from __future__ import annotations
 import torch
 
 from scalelong.errors import ScaleLongError
+
+PREDICTIONS = ("eps", "v")
+
+
+def _check_prediction(prediction: str) -> str:
+    if prediction not in PREDICTIONS:
+        choices = ", ".join(PREDICTIONS)
+        raise ScaleLongError(f"prediction={prediction!r} is not supported; choose one of {choices}")
+    return prediction
 
 
 def per_sample(v: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
@@ -27,10 +46,13 @@ class VPSDE:
 
     continuous = True
 
-    def __init__(self, beta_min: float = 0.1, beta_max: float = 20.0, t_min: float = 1e-5):
+    def __init__(
+        self, beta_min: float = 0.1, beta_max: float = 20.0, t_min: float = 1e-5, prediction: str = "eps"
+    ):
         if not 0 < beta_min < beta_max:
             raise ScaleLongError(f"need 0 < beta_min < beta_max, got {beta_min}, {beta_max}")
         self.beta_min, self.beta_max, self.t_min = beta_min, beta_max, t_min
+        self.prediction = _check_prediction(prediction)
 
     def beta(self, t: torch.Tensor) -> torch.Tensor:
         return self.beta_min + t * (self.beta_max - self.beta_min)
@@ -50,6 +72,10 @@ class VPSDE:
         """t ~ U(t_min, 1) on the CPU, so the draw does not depend on the device."""
         return self.t_min + (1.0 - self.t_min) * torch.rand(n, generator=generator)
 
+    def time_at(self, fraction: float) -> float:
+        """The time ``fraction`` of the way from t_min to 1."""
+        return self.t_min + (1.0 - self.t_min) * fraction
+
 
 class DiscreteDDPM:
     """The discrete DDPM chain; ``t`` holds integer steps 0 .. num_steps - 1 (as floats)."""
@@ -62,6 +88,7 @@ class DiscreteDDPM:
         beta_schedule: str = "linear",
         beta_start: float = 1e-4,
         beta_end: float = 0.02,
+        prediction: str = "eps",
     ):
         if beta_schedule == "linear":
             betas = torch.linspace(beta_start, beta_end, num_steps, dtype=torch.float64)
@@ -75,6 +102,7 @@ class DiscreteDDPM:
         self.beta_start, self.beta_end = beta_start, beta_end
         self.betas = betas
         self.alphas_cumprod = torch.cumprod(1.0 - betas, dim=0)
+        self.prediction = _check_prediction(prediction)
 
     def alpha_sigma(self, t: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         acp = self.alphas_cumprod.to(t.device)[t.long()]
@@ -85,6 +113,10 @@ class DiscreteDDPM:
 
     def sample_t(self, n: int, generator: torch.Generator | None = None) -> torch.Tensor:
         return torch.randint(0, self.num_steps, (n,), generator=generator).float()
+
+    def time_at(self, fraction: float) -> float:
+        """The step ``fraction`` of the way through the chain (0: first, 1: last)."""
+        return float(round(fraction * (self.num_steps - 1)))
 
 
 Schedule = VPSDE | DiscreteDDPM
@@ -103,17 +135,37 @@ def training_loss(
     generator: torch.Generator | None = None,
     **cond: torch.Tensor,
 ) -> torch.Tensor:
-    """Epsilon-prediction MSE averaged over pixels, one value per sample: (B,).
+    """The denoising loss at times and noise drawn from ``generator``, one value per sample: (B,).
 
     Times and noise are drawn on the CPU from ``generator`` and then moved, so a seed gives
     the same draws on every device.
     """
     t = schedule.sample_t(x0.shape[0], generator).to(x0.device)
     noise = torch.randn(x0.shape, generator=generator).to(x0.device)
-    return epsilon_loss(net, schedule, x0, t, noise, **cond)
+    return denoising_loss(net, schedule, x0, t, noise, **cond)
 
 
-def epsilon_loss(
+def prediction_target(
+    schedule: Schedule, x0: torch.Tensor, t: torch.Tensor, noise: torch.Tensor
+) -> torch.Tensor:
+    """What the network learns to output at x_t = alpha x0 + sigma noise: the noise, or v."""
+    if schedule.prediction == "eps":
+        return noise
+    alpha, sigma = schedule.alpha_sigma(t.to(x0.device))
+    return per_sample(alpha, x0) * noise - per_sample(sigma, x0) * x0
+
+
+def output_to_epsilon(
+    schedule: Schedule, x_t: torch.Tensor, t: torch.Tensor, out: torch.Tensor
+) -> torch.Tensor:
+    """The epsilon a network output stands for (alpha^2 + sigma^2 = 1, so eps = sigma x_t + alpha v)."""
+    if schedule.prediction == "eps":
+        return out
+    alpha, sigma = schedule.alpha_sigma(t.to(x_t.device))
+    return per_sample(sigma, x_t) * x_t + per_sample(alpha, x_t) * out
+
+
+def denoising_loss(
     net: torch.nn.Module,
     schedule: Schedule,
     x0: torch.Tensor,
@@ -121,9 +173,12 @@ def epsilon_loss(
     noise: torch.Tensor,
     **cond: torch.Tensor,
 ) -> torch.Tensor:
-    """The same loss for given times and noise (the trainer draws them for the global batch): (B,)."""
+    """MSE between the network output and :func:`prediction_target`, averaged over pixels: (B,).
+
+    For given times and noise (the trainer draws them for the global batch)."""
     pred = net(add_noise(schedule, x0, t, noise), schedule.model_time(t), **cond)
-    return (pred.float() - noise.float()).square().flatten(1).mean(dim=1)
+    target = prediction_target(schedule, x0, t, noise)
+    return (pred.float() - target.float()).square().flatten(1).mean(dim=1)
 
 
 def epsilon_to_x0(schedule: Schedule, x_t: torch.Tensor, t: torch.Tensor, eps: torch.Tensor) -> torch.Tensor:
@@ -132,13 +187,63 @@ def epsilon_to_x0(schedule: Schedule, x_t: torch.Tensor, t: torch.Tensor, eps: t
     return (x_t - per_sample(sigma, x_t) * eps) / per_sample(alpha, x_t)
 
 
+# Noise levels of :func:`noise_level_errors`, as fractions of the schedule's time range.
+NOISE_LEVELS = (0.05, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 1.0)
+
+
+@torch.no_grad()
+def noise_level_errors(
+    net: torch.nn.Module,
+    schedule: Schedule,
+    x0: torch.Tensor,
+    levels: tuple[float, ...] = NOISE_LEVELS,
+    seed: int = 0,
+    batch_size: int = 256,
+    **cond: torch.Tensor,
+) -> dict[float, dict[str, float]]:
+    """The network's denoising error at each noise level, on images ``x0`` (N, C, H, W).
+
+    Returns ``{level: {"eps_mse": e, "x0_mse": x}}``: the mean squared error of the epsilon it
+    implies and of Tweedie's x0 estimate (unclamped) at t = ``schedule.time_at(level)``. The noise
+    of level k comes from ``seed + k``, so two models (or two steps) are scored on the same draws.
+    The loss averaged over t hides where a model fails; this shows it: an x0 error above
+    :func:`mean_image_error` means the network does worse than ignoring x_t altogether.
+    """
+    out = {}
+    for k, level in enumerate(levels):
+        gen = torch.Generator().manual_seed(seed + k)
+        eps_se = x0_se = 0.0
+        for start in range(0, len(x0), batch_size):
+            x = x0[start : start + batch_size]
+            c = {name: v[start : start + batch_size] for name, v in cond.items()}
+            noise = torch.randn(x.shape, generator=gen).to(x.device)
+            t = torch.full((len(x),), schedule.time_at(level), device=x.device)
+            x_t = add_noise(schedule, x, t, noise)
+            eps = output_to_epsilon(schedule, x_t, t, net(x_t, schedule.model_time(t), **c).float())
+            eps_se += (eps - noise).square().sum().item()
+            x0_se += (epsilon_to_x0(schedule, x_t, t, eps) - x).square().sum().item()
+        out[level] = {"eps_mse": eps_se / x0.numel(), "x0_mse": x0_se / x0.numel()}
+    return out
+
+
+def mean_image_error(x0: torch.Tensor) -> float:
+    """x0 error of the per-pixel mean image: the best guess that ignores the noisy input."""
+    return (x0 - x0.mean(dim=0, keepdim=True)).square().mean().item()
+
+
 __all__ = [
     "VPSDE",
     "DiscreteDDPM",
     "Schedule",
     "add_noise",
+    "PREDICTIONS",
     "training_loss",
-    "epsilon_loss",
+    "denoising_loss",
+    "prediction_target",
+    "output_to_epsilon",
     "epsilon_to_x0",
+    "NOISE_LEVELS",
+    "noise_level_errors",
+    "mean_image_error",
     "per_sample",
 ]

@@ -12,6 +12,7 @@ steps whose checkpoint exists).
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import time
 from collections.abc import Sequence
@@ -23,6 +24,7 @@ from torch import nn
 
 from scalelong.build import build_dataset, build_schedule, model_input_shape
 from scalelong.config import Config, EvalConfig
+from scalelong.diffusion import mean_image_error, noise_level_errors
 from scalelong.errors import ScaleLongError
 from scalelong.frechet import (
     FeatureFn,
@@ -35,6 +37,7 @@ from scalelong.frechet import (
     save_stats,
     stored_metric,
 )
+from scalelong.models import conditioning
 from scalelong.runs import RunDir, load_model
 from scalelong.sampling import generate
 
@@ -191,6 +194,72 @@ class TrainingEvaluator:
         }
         self.run.eval_final_file.write_text(json.dumps(result, indent=1))
         return result
+
+
+# ----------------------------------------------------------------------------- noise levels
+
+# Datasets with a split the model never trains on; the others are probed on training images.
+HELD_OUT_SPLIT = {"mnist": "test", "cifar10": "test"}
+
+
+def probe_images(cfg: Config, n: int) -> tuple[torch.Tensor, torch.Tensor, bool]:
+    """``n`` images spread evenly over the held-out split (or the training set, where the dataset
+    has none), their labels, and whether they are held out."""
+    split = HELD_OUT_SPLIT.get(cfg.data.name)
+    data = dataclasses.replace(cfg.data, split=split) if split else cfg.data
+    dataset = build_dataset(data)
+    index = torch.linspace(0, len(dataset) - 1, min(n, len(dataset))).long().unique()
+    items = [dataset[int(i)] for i in index]  # even spacing: sorted datasets stay class-balanced
+    images = torch.stack([img for img, _ in items])
+    labels = torch.stack([torch.as_tensor(label) for _, label in items])
+    return images, labels, split is not None
+
+
+class NoiseLevelProbe:
+    """The EMA model's denoising error per noise level on held-out images, during training.
+
+    Logs ``noise/eps_mse@L`` and ``noise/x0_mse@L`` for each level L of
+    :data:`scalelong.diffusion.NOISE_LEVELS` (a fraction of the schedule's time range: 1 is pure
+    noise), and ``noise/x0_mse_mean_image``, the x0 error of the mean image: where a model's
+    x0 error exceeds it, it has not learnt that noise level. Config: ``diagnostics.noise_levels``
+    (images), ``diagnostics.noise_levels_every`` (0: with each evaluation and at the last step).
+    """
+
+    def __init__(self, cfg: Config, device: torch.device | str = "cpu"):
+        self.cfg, self.device = cfg, torch.device(device)
+        self.schedule = build_schedule(cfg.diffusion)
+        self._data: tuple[torch.Tensor, dict, float] | None = None
+
+    def due(self, step: int) -> bool:
+        d, e, t = self.cfg.diagnostics, self.cfg.eval, self.cfg.train
+        if d.noise_levels <= 0:
+            return False
+        if step == t.steps:
+            return True
+        every = d.noise_levels_every or e.every
+        return every > 0 and step % every == 0
+
+    def data(self, model: nn.Module) -> tuple[torch.Tensor, dict, float]:
+        if self._data is None:  # read on first use: a run that never probes never loads it
+            images, labels, _ = probe_images(self.cfg, self.cfg.diagnostics.noise_levels)
+            images = images.to(self.device)
+            self._data = images, conditioning(model, labels.to(self.device)), mean_image_error(images)
+        return self._data
+
+    @torch.no_grad()
+    def __call__(self, model: nn.Module) -> dict:
+        images, cond, baseline = self.data(model)
+        was_training = model.training
+        model.eval()
+        try:
+            errors = noise_level_errors(model, self.schedule, images, **cond)
+        finally:
+            model.train(was_training)
+        record = {"noise/x0_mse_mean_image": baseline}
+        for level, err in errors.items():
+            record[f"noise/eps_mse@{level:.2f}"] = err["eps_mse"]
+            record[f"noise/x0_mse@{level:.2f}"] = err["x0_mse"]
+        return record
 
 
 # ----------------------------------------------------------------------------- runs on disk

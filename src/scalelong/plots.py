@@ -120,6 +120,45 @@ def plot_grad_oscillation(records_by_method: Mapping[str, Records], path: str | 
     return _save(fig, path)
 
 
+_NOISE = re.compile(r"^noise/(eps|x0)_mse@([0-9.]+)$")
+
+
+def last_noise_levels(records: Records) -> tuple[int, dict[str, dict[float, float]], float] | None:
+    """The latest per-noise-level measurement of a run: (step, {"eps"|"x0": {level: mse}}, the
+    mean-image x0 error), or None when the run logged none."""
+    for r in sorted(records, key=lambda r: int(r["step"]), reverse=True):
+        found: dict[str, dict[float, float]] = {"eps": {}, "x0": {}}
+        for k, v in r.items():
+            if m := _NOISE.match(k):
+                found[m.group(1)][float(m.group(2))] = as_float(v)
+        if found["x0"]:
+            return int(r["step"]), found, as_float(r.get("noise/x0_mse_mean_image", math.nan))
+    return None
+
+
+def plot_noise_levels(records_by_method: Mapping[str, Records], path: str | Path) -> Path:
+    """Denoising error per noise level at each run's latest measurement: x0 error (left, with the
+    mean image's error dashed: above it a level is not learnt) and epsilon error (right)."""
+    fig, axes = _figure(ncols=2)
+    baseline = math.nan
+    for method, records in records_by_method.items():
+        found = last_noise_levels(records)
+        if found is None:
+            continue
+        step, errors, baseline = found
+        for ax, kind in zip(axes[0], ("x0", "eps"), strict=True):
+            levels = sorted(errors[kind])
+            ax.plot(levels, [errors[kind][x] for x in levels], marker="o", label=f"{method} (step {step})")
+    if math.isfinite(baseline):
+        axes[0][0].axhline(baseline, color="grey", linestyle="--", label="mean image")
+    axes[0][0].set(xlabel="noise level (fraction of the schedule; 1 = pure noise)", ylabel="x0 MSE")
+    axes[0][1].set(xlabel="noise level (fraction of the schedule; 1 = pure noise)", ylabel="epsilon MSE")
+    for ax in axes[0]:
+        ax.set_yscale("log")
+    axes[0][0].legend()
+    return _save(fig, path)
+
+
 _COEF = re.compile(r"^skip/(\d+)/coef_mean$")
 
 
@@ -165,6 +204,8 @@ def write_plots(
         paths.append(plot_grad_oscillation(records_by_method, out_dir / "grad_oscillation.png"))
     if has(fd_key):
         paths.append(plot_fd(records_by_method, out_dir / "fd.png", fd_key))
+    if any(last_noise_levels(r) for r in records_by_method.values()):
+        paths.append(plot_noise_levels(records_by_method, out_dir / "noise_levels.png"))
     for method, records in records_by_method.items():
         if _varying_coefficients(records):  # constant methods give flat lines: not worth a plot
             safe = re.sub(r"[^A-Za-z0-9_.-]", "_", method)
@@ -181,5 +222,7 @@ __all__ = [
     "plot_fd",
     "plot_grad_oscillation",
     "plot_coefficients",
+    "plot_noise_levels",
+    "last_noise_levels",
     "write_plots",
 ]

@@ -23,7 +23,14 @@ from collections.abc import Callable, Sequence
 
 import torch
 
-from scalelong.diffusion import VPSDE, DiscreteDDPM, Schedule, epsilon_to_x0, per_sample
+from scalelong.diffusion import (
+    VPSDE,
+    DiscreteDDPM,
+    Schedule,
+    epsilon_to_x0,
+    output_to_epsilon,
+    per_sample,
+)
 from scalelong.errors import ScaleLongError
 from scalelong.models import conditioning
 
@@ -325,8 +332,9 @@ def network_evaluations(name: str, steps: int) -> int:
 
 
 def model_eps_fn(net: torch.nn.Module, schedule, **cond: torch.Tensor) -> EpsFn:
-    """Bind a network and its condition into ``eps_fn(x_t, t)``."""
-    return lambda x, t: net(x, schedule.model_time(t), **cond).float()
+    """Bind a network and its condition into ``eps_fn(x_t, t)`` (its output read as the schedule's
+    ``prediction`` says)."""
+    return lambda x, t: output_to_epsilon(schedule, x, t, net(x, schedule.model_time(t), **cond).float())
 
 
 @torch.no_grad()

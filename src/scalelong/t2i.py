@@ -25,7 +25,7 @@ import torch
 
 from scalelong.data import from_uint8
 from scalelong.errors import ScaleLongError
-from scalelong.sampling import get_sampler, randn
+from scalelong.sampling import get_sampler, model_eps_fn, randn
 
 DEFAULT_AUTOENCODER = "CompVis/stable-diffusion-v1-4"  # its "vae" subfolder is SD's KL-f8
 DEFAULT_TEXT_ENCODER = "openai/clip-vit-large-patch14"
@@ -227,13 +227,13 @@ def guided_eps_fn(net, schedule, scale: float, cond: dict, uncond: dict):
     otherwise both run as one doubled batch.
     """
     if scale == 1.0:
-        return lambda x, t: net(x, schedule.model_time(t), **cond).float()
+        return model_eps_fn(net, schedule, **cond)
     if scale == 0.0:
-        return lambda x, t: net(x, schedule.model_time(t), **uncond).float()
+        return model_eps_fn(net, schedule, **uncond)
 
     def eps_fn(x: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
         both = {k: torch.cat([cond[k], uncond[k]]) for k in cond}
-        eps = net(torch.cat([x, x]), schedule.model_time(torch.cat([t, t])), **both).float()
+        eps = model_eps_fn(net, schedule, **both)(torch.cat([x, x]), torch.cat([t, t]))
         eps_c, eps_u = eps.chunk(2)
         return eps_u + scale * (eps_c - eps_u)
 

@@ -46,9 +46,9 @@ from scalelong.checkpoint import load_state, load_training_state, save_checkpoin
 from scalelong.config import Config, config_to_dict
 from scalelong.data import EpochBatches
 from scalelong.diagnostics import Diagnostics
-from scalelong.diffusion import epsilon_loss
+from scalelong.diffusion import denoising_loss
 from scalelong.errors import ScaleLongError
-from scalelong.evaluation import TrainingEvaluator
+from scalelong.evaluation import NoiseLevelProbe, TrainingEvaluator
 from scalelong.launch import make_accelerator, on_main_process, sigterm_as_interrupt
 from scalelong.models import conditioning
 from scalelong.runs import RunDir
@@ -214,6 +214,9 @@ class Trainer:
         if cfg.eval.every > 0 and accelerator.is_main_process:
             # Built now so a bad reference path fails before any training.
             self.evaluator = TrainingEvaluator(cfg, self.run, accelerator.device)
+        self.noise_probe = None
+        if cfg.diagnostics.noise_levels > 0 and accelerator.is_main_process:
+            self.noise_probe = NoiseLevelProbe(cfg, accelerator.device)
 
     def lr_at(self, step: int) -> float:
         """Learning rate of the update that follows ``step`` completed steps."""
@@ -300,7 +303,7 @@ class Trainer:
             labels = torch.where(d.drop_caption.to(dev)[:, None, None], null, labels)
         net = self.model if self.compiled is None or eager else self.compiled
         cond = conditioning(self.unwrapped, labels)
-        return epsilon_loss(net, self.schedule, x0, d.t.to(dev), d.noise.to(dev), **cond).mean()
+        return denoising_loss(net, self.schedule, x0, d.t.to(dev), d.noise.to(dev), **cond).mean()
 
     def backward(self, loss: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, tuple[bool, bool]]:
         """Gradients of ``loss``: (loss averaged over processes, gradient norm, (loss finite,
@@ -464,6 +467,8 @@ class Trainer:
                 extra, self.diag_metrics = self.diag_metrics, {}
                 if self.evaluator is not None and self.evaluator.due(step):
                     extra.update(self.evaluator(step, self.ema))
+                if self.noise_probe is not None and self.noise_probe.due(step):
+                    extra.update(self.noise_probe(self.ema))
                 for hook in self.metric_hooks:
                     extra.update(hook(step, self))
                 if step % t.log_every == 0 or step == t.steps:
