@@ -18,13 +18,13 @@ import yaml
 
 from scalelong.errors import ScaleLongError
 from scalelong.models.unet import layout_problem as unet_layout_problem
-from scalelong.skips import check_method
+from scalelong.skips import DEFAULT_KAPPA, check_method
 
 
 @dataclass
 class SkipConfig:
     method: str = "none"  # none | sqrt2 | cs | ls | ls-nonshare
-    kappa: float = 0.5  # cs: skip i (1 = outermost) is scaled by kappa ** (i - 1)
+    kappa: float | None = None  # cs: skip i (1 = outermost) gets kappa ** (i - 1); None: 0.5 U-ViT, 0.9 UNets
     ls_reduction: int = 16  # squeeze-excitation reduction of the LS gates
 
 
@@ -348,10 +348,28 @@ SAMPLER_NAMES = ("euler_maruyama", "ode_euler", "ddim", "dpm_solver", "dpm_solve
 METRIC_NAMES = ("fd-mnist", "fid")
 
 
+# The backbone family of each model.type, whose default kappa (scalelong.skips.DEFAULT_KAPPA) an
+# unset model.skip.kappa takes.
+KAPPA_FAMILY = {"uvit": "uvit", "unet": "unet", "diffusers_unet2d": "unet"}
+
+
+def resolved_kappa(m: ModelConfig) -> float:
+    """``model.skip.kappa``, or when it is unset the default of the model's backbone."""
+    if m.skip.kappa is not None:
+        return m.skip.kappa
+    return DEFAULT_KAPPA[KAPPA_FAMILY[m.type]]
+
+
 def validate(cfg: Config) -> None:
-    """Check values and their relations; raise :class:`ScaleLongError` naming the key."""
+    """Check values and their relations; raise :class:`ScaleLongError` naming the key.
+
+    Defaults that depend on other keys are resolved here (an unset ``model.skip.kappa`` becomes
+    its backbone's), so the config a run directory stores spells them out and a rerun of the
+    same YAML compares equal to it.
+    """
     m = cfg.model
     _choice("model.type", m.type, MODEL_TYPES)
+    m.skip.kappa = resolved_kappa(m)
     try:
         check_method(m.skip.method, m.skip.kappa)
     except ScaleLongError as e:
