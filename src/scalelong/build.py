@@ -42,7 +42,7 @@ def build_schedule(cfg: DiffusionConfig) -> Schedule:
 
 def build_dataset(cfg: DataConfig) -> Dataset:
     """The dataset the config names; a wrong path or a damaged file is a one-line ScaleLongError."""
-    return load_dataset(cfg.name, cfg.path, cfg.split, cfg.resolution)
+    return load_dataset(cfg.name, cfg.path, cfg.split, cfg.resolution, cfg.channels)
 
 
 def model_input_shape(cfg: ModelConfig) -> tuple[int, int, int]:

@@ -96,6 +96,7 @@ class DataConfig:
     hflip: bool = False  # random horizontal flip, drawn from the run's generator
     num_workers: int = 0
     resolution: int = 0  # folder / imagenet64 folder: centre-crop and resize to this side (0: keep / 64)
+    channels: int = 3  # image files (folder, celeba64, imagenet64 folders): 3 read as RGB, 1 as grey
 
 
 @dataclass
@@ -338,6 +339,7 @@ def _positive(key: str, value: float, allow_zero: bool = False) -> None:
 
 MODEL_TYPES = ("uvit", "unet", "diffusers_unet2d")
 DATASETS = ("mnist", "cifar10", "celeba64", "imagenet64", "folder", "coco_latents")
+FILE_DATASETS = ("folder", "celeba64", "imagenet64")  # read from image files: data.channels applies
 MIXED_PRECISION = ("no", "fp16", "bf16")
 LR_SCHEDULES = ("constant", "cosine")
 SCHEDULES = ("vpsde", "ddpm")
@@ -404,6 +406,7 @@ def validate(cfg: Config) -> None:
             "model.uvit.context_dim to the text encoder's width (768 for CLIP ViT-L/14)"
         )
     _positive("data.num_workers", cfg.data.num_workers, allow_zero=True)
+    _validate_channels(cfg.data, m)
     d = cfg.diffusion
     _choice("diffusion.schedule", d.schedule, SCHEDULES)
     _choice("diffusion.beta_schedule", d.beta_schedule, ("linear", "scaled_linear"))
@@ -460,6 +463,19 @@ def _validate_eval(e: EvalConfig) -> None:
     if e.metric == "fid" and not e.fid_stats and e.every > 0:
         raise ScaleLongError(
             "eval.metric=fid needs eval.fid_stats=PATH; make it with `scalelong fid-stats CONFIG --out PATH`"
+        )
+
+
+def _validate_channels(d: DataConfig, m: ModelConfig) -> None:
+    """data.channels is 3 or 1 and, for images read from files, what the model takes."""
+    if d.channels not in (1, 3):
+        raise ScaleLongError(f"data.channels must be 3 (RGB) or 1 (grey), got {d.channels}")
+    model_channels = getattr(m, m.type).in_channels
+    if d.name in FILE_DATASETS and d.channels != model_channels:
+        fix = f"set data.channels={model_channels} or " if model_channels in (1, 3) else "set "
+        raise ScaleLongError(
+            f"data.channels={d.channels} reads the images {'as grey' if d.channels == 1 else 'as RGB'} but "
+            f"model.{m.type}.in_channels={model_channels}; {fix}model.{m.type}.in_channels={d.channels}"
         )
 
 
