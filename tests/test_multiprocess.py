@@ -1,5 +1,6 @@
 """Two CPU processes (gloo) through ``accelerate launch``: identical weights on both processes,
-one writer, and the same result as one process with the same global batch."""
+one writer, and the same result as one process with the same global batch, also when each
+process accumulates micro-batches."""
 
 import json
 import os
@@ -45,7 +46,10 @@ def test_two_processes_match_one(tmp_path):
         "--main_process_port",
         "0",
     ]
-    cmd += ["-m", "scalelong.cli", "train", "configs/demo.yaml", *overrides("two", tmp_path), "--no-progress"]
+    # two processes x two micro-batches of 2 (train.grad_accum; the first backward skips the
+    # all-reduce) against one process running the global batch of 8 at once
+    two = [*overrides("two", tmp_path), "train.grad_accum=2"]
+    cmd += ["-m", "scalelong.cli", "train", "configs/demo.yaml", *two, "--no-progress"]
     out = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr[-3000:]
     assert "2 processes hold identical weights" in out.stdout

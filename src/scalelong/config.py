@@ -124,7 +124,8 @@ class OptimConfig:
 @dataclass
 class TrainConfig:
     steps: int = 1000
-    batch_size: int = 128  # global batch, split over processes
+    batch_size: int = 128  # global batch per optimizer step, split over processes and micro-batches
+    grad_accum: int = 1  # micro-batches per step: each process runs batch_size / (processes * grad_accum)
     seed: int = 0  # drives init, data order, noise and sampling
     ema_decay: float = 0.9999
     log_every: int = 10
@@ -421,6 +422,11 @@ def validate(cfg: Config) -> None:
     t = cfg.train
     _positive("train.steps", t.steps)
     _positive("train.batch_size", t.batch_size)
+    _positive("train.grad_accum", t.grad_accum)
+    if t.batch_size % t.grad_accum:
+        raise ScaleLongError(
+            f"train.batch_size={t.batch_size} must be divisible by train.grad_accum={t.grad_accum}"
+        )
     _positive("train.log_every", t.log_every)
     _positive("train.seed", t.seed, allow_zero=True)
     if not 0 <= t.ema_decay < 1:
