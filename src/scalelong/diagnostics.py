@@ -172,6 +172,18 @@ class Diagnostics:
         self.disarm()
         self.attached = False
 
+    def state_dict(self) -> dict:
+        """What a resumed run needs to continue the records exactly: the sliding windows and counts."""
+        history = {k: list(v) for k, v in self.history.items()}
+        return {"history": history, "spikes": self.spikes, "nonfinite_total": self.nonfinite_total}
+
+    def load_state_dict(self, state: dict) -> None:
+        for k, values in state["history"].items():
+            if k in self.history:
+                self.history[k].clear()
+                self.history[k].extend(values)  # the newest ``window`` values
+        self.spikes, self.nonfinite_total = state["spikes"], state["nonfinite_total"]
+
     def __enter__(self) -> Diagnostics:
         return self.attach()
 

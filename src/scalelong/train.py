@@ -400,6 +400,7 @@ class Trainer:
             "rng": rng_states,
             "data": self.data_position(),
             "lr_schedule": {"kind": self.cfg.optim.lr_schedule, "lr": self.lr},  # a function of the step
+            "diagnostics": self.diagnostics.state_dict() if self.diagnostics is not None else None,
             "num_processes": self.acc.num_processes,
         }
 
@@ -412,6 +413,8 @@ class Trainer:
         self.noise_gen.set_state(state["noise_gen"])
         if self.acc.scaler is not None and state["scaler"] is not None:
             self.acc.scaler.load_state_dict(state["scaler"])
+        if self.diagnostics is not None and state.get("diagnostics") is not None:
+            self.diagnostics.load_state_dict(state["diagnostics"])  # oscillation windows, spike count
 
     def data_position(self) -> dict:
         """Where the data order stands: it follows from the step, the seed and the global batch."""
