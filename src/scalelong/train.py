@@ -232,9 +232,10 @@ class Trainer:
         self.null_context = getattr(self.dataset, "null_context", None)
         self.caption_dropout = cfg.t2i.caption_dropout if self.null_context is not None else 0.0
         self.evaluator = None
-        if cfg.eval.every > 0 and accelerator.is_main_process:
-            # Built now so a bad reference path fails before any training.
-            self.evaluator = TrainingEvaluator(cfg, self.run, accelerator.device)
+        if cfg.eval.every > 0:
+            # Built now so a bad reference path fails before any training. Every process samples its
+            # share of each evaluation; the main process computes the distance.
+            self.evaluator = TrainingEvaluator(cfg, self.run, accelerator.device, accelerator)
 
     def lr_at(self, step: int) -> float:
         """Learning rate of the update that follows ``step`` completed steps."""
@@ -645,20 +646,20 @@ def train(
         finally:
             if tracker is not None:
                 tracker.close()
+        # The recipe: re-score the best step with more samples (all processes sample).
+        final = trainer.evaluator.finalize() if trainer.evaluator is not None else None
         if accelerator.is_main_process:
             summary = {
                 "final_loss": result.final_loss,
                 "steps": trainer.step,
                 "nonfinite_steps": trainer.state.nonfinite_total,
             }
-            if trainer.evaluator is not None:  # the recipe: re-score the best step with more samples
-                final = trainer.evaluator.finalize()
-                if final is not None:
-                    summary["best"] = final
-                    print(
-                        f"best step {final['best_step']}: {final['fd_metric']} {final['fd']:.4g} "
-                        f"on {final['fd_samples']} samples"
-                    )
+            if final is not None:
+                summary["best"] = final
+                print(
+                    f"best step {final['best_step']}: {final['fd_metric']} {final['fd']:.4g} "
+                    f"on {final['fd_samples']} samples"
+                )
             run.write_summary(summary)  # last: its presence marks a finished run
         accelerator.wait_for_everyone()
         return result
