@@ -86,6 +86,7 @@ def test_imagenet64_npz_batches_memory_mapped_or_compressed(tmp_path):
     image, label = ds[6]
     assert image.shape == (3, 64, 64) and label == 7
     assert image[2, 5, 7] == pytest.approx(data2[1, 2 * 4096 + 5 * 64 + 7] / 127.5 - 1)
+    one_line_error(lambda: load_dataset("imagenet64", str(tmp_path), channels=1), "data.channels=1", "RGB")
     np.savez(tmp_path / "val_data.npz", data=data2, labels=np.array([0, 1, 2]))  # labels out of 1..1000
     one_line_error(lambda: load_dataset("imagenet64", str(tmp_path), "val"), "val_data.npz", "1..1000")
 
@@ -99,6 +100,8 @@ def test_imagenet64_class_folders_and_plain_folder(tmp_path):
     assert len(ds) == 4 and ds.labels.tolist() == [0, 0, 1, 1]
     image, label = ds[2]
     assert image.shape == (3, 64, 64) and label == 1 and image[1].mean() == pytest.approx(1.0)
+    grey, label = load_dataset("imagenet64", str(tmp_path), channels=1)[2]  # green as PIL's L: 150
+    assert grey.shape == (1, 64, 64) and label == 1 and grey.mean() == pytest.approx(150 / 127.5 - 1)
     folder = load_dataset("folder", str(tmp_path))  # any folder: recursive, native size, label 0
     assert len(folder) == 4 and folder[0][0].shape == (3, 80, 100) and int(folder[3][1]) == 0
     assert load_dataset("folder", str(tmp_path), resolution=16)[0][0].shape == (3, 16, 16)
@@ -165,3 +168,42 @@ def test_dry_run_prints_config_model_and_data(tmp_path, capsys):
     assert "44,255,328 parameters" in out and "coefficient" in out
     assert "data: CIFAR-10 train from" in out and "20 images" in out and "(3, 32, 32)" in out
     assert not (tmp_path / "runs").exists()
+
+
+def test_grey_image_folder_loads_with_one_channel_and_trains(tmp_path, capsys):
+    """data.channels=1 reads grey PNGs as 1-channel images (no RGB copy); 3 keeps RGB; a value the
+    model does not take is one line before any data is read."""
+    from scalelong.config import load_config
+
+    images = tmp_path / "grey"
+    images.mkdir()
+    rng = np.random.default_rng(0)
+    pixels = rng.integers(0, 256, (8, 16, 16), dtype=np.uint8)
+    for i, array in enumerate(pixels):
+        Image.fromarray(array, mode="L").save(images / f"{i}.png")
+    Image.fromarray(np.full((16, 16, 3), (255, 0, 0), np.uint8)).save(images / "8.png")  # a colour file
+
+    grey = load_dataset("folder", str(images), channels=1)
+    assert len(grey) == 9 and "grey images" in describe(grey)
+    for i in (0, 7):
+        image = grey[i][0]
+        assert image.shape == (1, 16, 16) and image.dtype == torch.float32
+        assert torch.equal(image[0], torch.from_numpy(pixels[i]).float() / 127.5 - 1)
+    assert grey[8][0].shape == (1, 16, 16)  # colour files are converted to grey (PIL's L)
+    assert load_dataset("folder", str(images), resolution=8, channels=1)[0][0].shape == (1, 8, 8)
+    rgb = load_dataset("folder", str(images))[0][0]  # the default: RGB, three equal channels
+    assert rgb.shape == (3, 16, 16) and torch.equal(rgb[0], rgb[2])
+
+    base = [*tiny_uvit_overrides("grey", tmp_path / "runs", steps=2), "data.name=folder"]
+    base += [f"data.path={images}", "model.uvit.img_size=16", "train.batch_size=4", "train.device=cpu"]
+    for extra, words in (
+        (["model.uvit.in_channels=1"], ["data.channels=3", "model.uvit.in_channels=1", "data.channels=1"]),
+        (["data.channels=1", "model.uvit.in_channels=3"], ["data.channels=1", "as grey"]),
+        (["data.channels=2", "model.uvit.in_channels=1"], ["data.channels must be 3 (RGB) or 1 (grey)"]),
+    ):
+        one_line_error(lambda extra=extra: load_config("configs/demo.yaml", base + extra), *words)
+
+    overrides = [*base, "data.channels=1", "model.uvit.in_channels=1", "train.tensorboard=false"]
+    assert main(["train", "configs/demo.yaml", *overrides, "--no-progress"]) == 0
+    assert "final loss" in capsys.readouterr().out
+    assert load_config(tmp_path / "runs" / "grey" / "config.yaml").data.channels == 1

@@ -56,10 +56,12 @@ def test_frechet_distance_closed_form() -> None:
 
 
 def test_stats_round_trip_and_user_errors(tmp_path) -> None:
-    mu, sigma = np.arange(3.0), np.eye(3)
+    a = np.random.default_rng(0).normal(size=(3, 3))
+    mu, sigma = np.arange(3.0), a @ a.T  # a full covariance: every entry is checked
     path = save_stats(tmp_path / "ref.npz", mu, sigma, "fd-mnist", 10)
     got_mu, got_sigma = load_stats(path, "fd-mnist")
-    np.testing.assert_array_equal(got_mu, mu) and np.testing.assert_array_equal(got_sigma, sigma)
+    np.testing.assert_array_equal(got_mu, mu)
+    np.testing.assert_array_equal(got_sigma, sigma)
     with pytest.raises(ScaleLongError, match="not found"):
         load_stats(tmp_path / "missing.npz")
     with pytest.raises(ScaleLongError, match="holds fd-mnist statistics"):

@@ -1,10 +1,12 @@
 """Two CPU processes (gloo) through ``accelerate launch``: identical weights on both processes,
-one writer, and the same result as one process with the same global batch."""
+one writer, and the same result as one process with the same global batch, also when each
+process accumulates micro-batches."""
 
 import json
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -12,6 +14,8 @@ from safetensors.torch import load_file
 
 from conftest import tiny_uvit_overrides
 from scalelong.config import load_config
+from scalelong.evaluation import TrainingEvaluator
+from scalelong.runs import RunDir, load_model
 from scalelong.train import train
 
 STEPS = 6
@@ -29,8 +33,9 @@ def overrides(name, out_dir):
     ]
 
 
-@pytest.mark.slow
-def test_two_processes_match_one(tmp_path):
+def launch_two(train_args: list[str], script: list[str] | None = None) -> subprocess.CompletedProcess:
+    """``scalelong train`` on two CPU processes through ``accelerate launch``; ``script``: a test
+    script and its first arguments, run instead of ``-m scalelong.cli``."""
     # `accelerate launch --cpu` starts one process unless MPI is set up; `--multi_gpu` starts
     # torchrun-style processes, and train.device=cpu makes Accelerate use gloo on the CPU.
     env = dict(os.environ, OMP_NUM_THREADS="1")
@@ -45,8 +50,16 @@ def test_two_processes_match_one(tmp_path):
         "--main_process_port",
         "0",
     ]
-    cmd += ["-m", "scalelong.cli", "train", "configs/demo.yaml", *overrides("two", tmp_path), "--no-progress"]
-    out = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
+    cmd += script or ["-m", "scalelong.cli"]
+    cmd += ["train", "configs/demo.yaml", *train_args, "--no-progress"]
+    return subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
+
+
+@pytest.mark.slow
+def test_two_processes_match_one(tmp_path):
+    # two processes x two micro-batches of 2 (train.grad_accum; the first backward skips the
+    # all-reduce) against one process running the global batch of 8 at once
+    out = launch_two([*overrides("two", tmp_path), "train.grad_accum=2"])
     assert out.returncode == 0, out.stderr[-3000:]
     assert "2 processes hold identical weights" in out.stdout
     assert out.stdout.count("final loss") == 1  # the main process reports and writes files
@@ -71,3 +84,33 @@ def test_two_processes_match_one(tmp_path):
         for d in (one.run_dir, run)
     ]
     torch.testing.assert_close(torch.tensor(losses[1]), torch.tensor(losses[0]), rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.slow
+def test_evaluation_split_over_two_processes_equals_one_process(tmp_path):
+    """Each process samples its share of the evaluation seeds (11: 5 and 6), the main process
+    gathers the features: the distances equal those of one process sampling all of them."""
+    evaluation = ["eval.every=2", "eval.num_samples=11", "eval.steps=2", "eval.batch_size=4"]
+    args = overrides("eval", tmp_path) + [*evaluation, "eval.final_num_samples=7", "train.steps=2"]
+    seeds = tmp_path / "seeds"
+    out = launch_two(args, script=[str(Path(__file__).with_name("record_eval_seeds.py")), str(seeds)])
+    assert out.returncode == 0, out.stderr[-3000:]
+    # per process: the evaluation at step 2 (11 samples), then the final re-score (7), as offsets
+    # from the first evaluation seed
+    drawn = [
+        [json.loads(line) for line in (seeds / f"seeds-{r}.jsonl").read_text().splitlines()] for r in (0, 1)
+    ]
+    base = drawn[0][0][0]
+    offsets = [[[s - base for s in call] for call in calls] for calls in drawn]
+    assert offsets == [[[0, 1, 2, 3, 4], [0, 1, 2]], [[5, 6, 7, 8, 9, 10], [3, 4, 5, 6]]]
+    run = RunDir(tmp_path / "eval")
+    (record,) = run.eval_records().values()
+    best = json.loads(run.summary_file.read_text())["best"]
+    assert record["step"] == 2 and record["fd_samples"] == 11
+    assert best["best_step"] == 2 and best["fd_samples"] == 7 and best["fd_at_eval"] == record["fd"]
+
+    cfg = run.config()
+    ema = load_model(run.checkpoint(2), cfg.model, "ema")
+    one = TrainingEvaluator(cfg, tmp_path / "elsewhere", "cpu")  # one process
+    assert one(2, ema)["fd"] == pytest.approx(record["fd"], rel=1e-6)
+    assert one(2, ema, n=7)["fd"] == pytest.approx(best["fd"], rel=1e-6)

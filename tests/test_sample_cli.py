@@ -72,7 +72,7 @@ def test_sample_writes_pngs_resumes_and_ignores_batch_size(run, tmp_path, capsys
     assert (out / "000000.png").stat().st_mtime_ns == kept
     np.testing.assert_array_equal(np.load(out / "samples.npz")["images"], first)  # same seeds, other batches
     rc, _, err = cli(capsys, "sample", run.run_dir, "--n", 5, "--out", out, "--sampler", "ddim")
-    assert rc == 2 and err.count("\n") == 1 and "other settings" in err
+    assert rc == 2 and err.count("\n") == 1 and "other settings (sampler: 'dpm_solver' -> 'ddim')" in err
 
 
 def test_eval_fd_mnist_and_bad_stats_fail_fast(run, tmp_path, capsys) -> None:

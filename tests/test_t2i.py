@@ -162,3 +162,62 @@ def test_cli_extract_train_and_sample_from_prompts_with_guidance(tmp_path, capsy
     # a text-to-image run without prompts: one clear line, exit 2
     err = cli("sample", str(tmp_path / "t2i"), "--n=1", f"--out={tmp_path / 'x'}", code=2)
     assert err.count("\n") == 1 and "pass --prompt" in err and "Traceback" not in err
+
+
+def test_prompt_sampling_refuses_other_settings_and_resumes_the_same(tmp_path, capsys):
+    """One folder holds one set of images: another guidance scale, prompt list or seed is refused in
+    one line and changes nothing there; the same settings (however the prompts are given) resume."""
+    from scalelong.build import build_model
+    from scalelong.checkpoint import save_checkpoint
+    from scalelong.cli import main
+    from scalelong.config import config_to_dict, load_config, save_config
+
+    cfg = load_config(
+        "configs/mscoco_uvit_s2_t2i.yaml",
+        [f"out_dir={tmp_path}", "name=t2i", "model.uvit.img_size=8", "model.uvit.embed_dim=32"]
+        + ["model.uvit.depth=2", "model.uvit.num_heads=2", "model.uvit.context_dim=32"],
+    )
+    cfg.run_dir.mkdir()
+    save_config(cfg, cfg.run_dir / "config.yaml")
+    model = build_model(cfg.model)
+    save_checkpoint(cfg.run_dir / "checkpoints", 1, model, model, config_to_dict(cfg))
+    tokenizer, text = tiny_text_encoder(tmp_path)
+    tokenizer.save_pretrained(tmp_path / "clip")
+    text.save_pretrained(tmp_path / "clip")
+    tiny_autoencoder().save_pretrained(tmp_path / "vae")
+    (tmp_path / "prompts.txt").write_text("a cat\na dog\n")
+    out = tmp_path / "img"
+
+    def sample(*args, n=2, folder=out, code=0):
+        argv = ["sample", str(cfg.run_dir), f"--n={n}", f"--out={folder}", "--steps=3", "--device=cpu"]
+        argv += ["--no-progress", f"--text-encoder={tmp_path / 'clip'}", f"--autoencoder={tmp_path / 'vae'}"]
+        assert main([*argv, *args]) == code
+        stdout, stderr = capsys.readouterr()
+        return stdout if code == 0 else stderr
+
+    def folder_bytes(folder=out):
+        return {p.name: p.read_bytes() for p in sorted(folder.iterdir())}
+
+    settings = ["--prompt=a cat", "--prompt=a dog", "--guidance-scale=3", "--seed=0"]
+    assert "2 images (2 new)" in sample(*settings)
+    first = folder_bytes()
+    assert (out / "prompts.txt").read_text() == "a cat\na dog\n"
+    changed = {
+        "guidance_scale": ["--prompt=a cat", "--prompt=a dog", "--guidance-scale=2", "--seed=0"],
+        "prompts": ["--prompt=a cat", "--prompt=a bird", "--guidance-scale=3", "--seed=0"],
+        "seed": ["--prompt=a cat", "--prompt=a dog", "--guidance-scale=3", "--seed=1"],
+    }
+    for key, args in changed.items():
+        err = sample(*args, code=2)
+        assert err.count("\n") == 1 and err.startswith("error: ") and key in err and "--out" in err, err
+        assert folder_bytes() == first, key  # no image and no prompts.txt was touched
+    # the same settings resume: nothing new; a lost image is redrawn exactly; more images extend it
+    assert "2 images (0 new)" in sample("--prompts-file", str(tmp_path / "prompts.txt"), *settings[2:])
+    (out / "000001.png").unlink()
+    assert "2 images (1 new)" in sample(*settings)
+    assert folder_bytes() == first
+    assert "3 images (1 new)" in sample(*settings, n=3)
+    assert (out / "prompts.txt").read_text() == "a cat\na dog\na cat\n"
+    # other settings go to a folder of their own, whose images differ
+    assert "2 images (2 new)" in sample(*changed["guidance_scale"], folder=tmp_path / "scale2")
+    assert (tmp_path / "scale2" / "000000.png").read_bytes() != first["000000.png"]

@@ -142,6 +142,12 @@ def test_config_validation():
 
 
 def test_train_tiny_unet_from_config(tmp_path):
+    """The DDPM recipe with a tiny UNet learns: the loss falls and every LS gate tensor trains."""
+    import json
+
+    from safetensors.torch import load_file
+
+    from scalelong.build import build_model
     from scalelong.train import train
 
     overrides = [
@@ -149,6 +155,7 @@ def test_train_tiny_unet_from_config(tmp_path):
         "name=unet",
         "model.skip.method=ls",
         "model.unet.in_channels=1",
+        "model.unet.dropout=0",
         "data.name=mnist",
         "train.checkpoint_every=0",
         "model.unet.base_channels=16",
@@ -156,11 +163,72 @@ def test_train_tiny_unet_from_config(tmp_path):
         "model.unet.num_res_blocks=1",
         "model.unet.attn_resolutions=[]",
         "model.unet.norm_groups=8",
-        "train.steps=3",
+        "train.steps=10",
         "train.batch_size=8",
         "train.log_every=1",
+        "optim.lr=2e-3",
         "optim.warmup_steps=1",
         "sample.num_images=0",
     ]
-    result = train(load_config("configs/cifar10_unet_ddpm.yaml", overrides), progress=False)
-    assert torch.isfinite(torch.tensor(result.final_loss))
+    cfg = load_config("configs/cifar10_unet_ddpm.yaml", overrides)
+    result = train(cfg, progress=False)
+    records = (result.run_dir / "metrics.jsonl").read_text().splitlines()
+    losses = [json.loads(line)["loss"] for line in records]
+    assert len(losses) == 10 and all(0 < v < 2 for v in losses)
+    # epsilon-MSE starts near 1; ten steps at lr 2e-3 bring it well below half of that
+    assert losses[0] > 0.9 and max(losses[-3:]) < 0.5 * losses[0], losses
+    assert result.final_loss == losses[-1]
+    torch.manual_seed(cfg.train.seed)
+    init = build_model(cfg.model).state_dict()
+    trained = load_file(result.checkpoint / "model.safetensors")
+    gates = [k for k in trained if k.startswith("skip_scaling.")]
+    assert gates and all(not torch.equal(trained[k], init[k]) for k in gates)
+
+
+def test_unset_kappa_resolves_per_backbone():
+    from scalelong.build import build_model
+    from scalelong.config import ModelConfig, SkipConfig, UNetConfig
+    from scalelong.skips import find_skip_scaling
+
+    for model_type, kappa in (("uvit", 0.5), ("unet", 0.9), ("diffusers_unet2d", 0.9)):
+        assert load_config(None, [f"model.type={model_type}"]).model.skip.kappa == kappa
+        given = load_config(None, [f"model.type={model_type}", "model.skip.kappa=0.7"])
+        assert given.model.skip.kappa == 0.7
+    # a config made in Python, never validated, builds the same model
+    small = UNetConfig(base_channels=16, channel_mult=[1, 2], attn_resolutions=[], norm_groups=8)
+    model = build_model(ModelConfig(type="unet", skip=SkipConfig(method="cs"), unet=small), device="meta")
+    assert find_skip_scaling(model).kappa == 0.9
+
+
+def test_unet_config_without_kappa_resolves_to_0_9_shows_it_and_resumes(tmp_path, capsys):
+    """The DDPM UNet's 12 skips: without a kappa the innermost gets 0.9 ** 11, not 0.5 ** 11 = 5e-4."""
+    config = tmp_path / "unet.yaml"
+    config.write_text("model:\n  type: unet\n  skip:\n    method: cs\n")
+    assert main(["info", str(config)]) == 0
+    stdout = capsys.readouterr().out
+    assert "skips: cs, kappa=0.9" in stdout
+    rows = [line.split() for line in stdout.splitlines() if line.strip()[:1].isdigit()]
+    assert [int(r[0]) for r in rows] == list(range(1, 13))
+    assert [float(r[2]) for r in rows] == pytest.approx([0.9**i for i in range(12)], rel=1e-5)  # 6 digits
+
+    # the run directory stores the resolved kappa, and the same YAML resumes from it
+    tiny_run = [
+        f"out_dir={tmp_path}",
+        "name=unet",
+        "model.unet.in_channels=1",
+        "model.unet.base_channels=16",
+        "model.unet.channel_mult=[1,2]",
+        "model.unet.num_res_blocks=1",
+        "model.unet.attn_resolutions=[]",
+        "model.unet.norm_groups=8",
+        "train.batch_size=4",
+        "sample.num_images=0",
+        "diagnostics.every=0",
+        "--no-progress",
+    ]
+    assert main(["train", str(config), "train.steps=2", *tiny_run]) == 0
+    assert load_config(tmp_path / "unet" / "config.yaml").model.skip.kappa == 0.9
+    assert "kappa: 0.9" in (tmp_path / "unet" / "config.yaml").read_text()
+    capsys.readouterr()
+    assert main(["train", str(config), "train.steps=3", *tiny_run]) == 0
+    assert "resuming" in capsys.readouterr().out

@@ -7,7 +7,7 @@ from torch import nn
 from torch.utils.data import Dataset
 
 from scalelong.adapters.diffusers import build_diffusers_unet2d
-from scalelong.config import Config, DataConfig, DiffusionConfig, ModelConfig
+from scalelong.config import Config, DataConfig, DiffusionConfig, ModelConfig, resolved_kappa
 from scalelong.data import load_dataset
 from scalelong.diffusion import VPSDE, DiscreteDDPM, Schedule
 from scalelong.errors import ScaleLongError
@@ -22,15 +22,15 @@ def build_model(cfg: ModelConfig, device: torch.device | str | None = None) -> n
     if device is not None:
         with torch.device(device):
             return build_model(cfg)
-    s = cfg.skip
+    s, kappa = cfg.skip, resolved_kappa(cfg)
     if cfg.type == "uvit":
-        return UViT(**vars(cfg.uvit), skip_method=s.method, kappa=s.kappa, ls_reduction=s.ls_reduction)
+        return UViT(**vars(cfg.uvit), skip_method=s.method, kappa=kappa, ls_reduction=s.ls_reduction)
     if cfg.type == "unet":
-        return UNet(**vars(cfg.unet), skip_method=s.method, kappa=s.kappa, ls_reduction=s.ls_reduction)
+        return UNet(**vars(cfg.unet), skip_method=s.method, kappa=kappa, ls_reduction=s.ls_reduction)
     if cfg.type == "diffusers_unet2d":  # diffusers itself is imported only here
         d = dict(vars(cfg.diffusers_unet2d))
         d["out_channels"] = d["in_channels"]
-        return build_diffusers_unet2d(d, method=s.method, kappa=s.kappa, reduction=s.ls_reduction)
+        return build_diffusers_unet2d(d, method=s.method, kappa=kappa, reduction=s.ls_reduction)
     raise ScaleLongError(f"model.type={cfg.type!r} is not supported")
 
 
@@ -44,7 +44,7 @@ def build_schedule(cfg: DiffusionConfig) -> Schedule:
 
 def build_dataset(cfg: DataConfig) -> Dataset:
     """The dataset the config names; a wrong path or a damaged file is a one-line ScaleLongError."""
-    return load_dataset(cfg.name, cfg.path, cfg.split, cfg.resolution)
+    return load_dataset(cfg.name, cfg.path, cfg.split, cfg.resolution, cfg.channels)
 
 
 def model_input_shape(cfg: ModelConfig) -> tuple[int, int, int]:

@@ -18,13 +18,13 @@ import yaml
 
 from scalelong.errors import ScaleLongError
 from scalelong.models.unet import layout_problem as unet_layout_problem
-from scalelong.skips import check_method
+from scalelong.skips import DEFAULT_KAPPA, check_method
 
 
 @dataclass
 class SkipConfig:
     method: str = "none"  # none | sqrt2 | cs | ls | ls-nonshare
-    kappa: float = 0.5  # cs: skip i (1 = outermost) is scaled by kappa ** (i - 1)
+    kappa: float | None = None  # cs: skip i (1 = outermost) gets kappa ** (i - 1); None: 0.5 U-ViT, 0.9 UNets
     ls_reduction: int = 16  # squeeze-excitation reduction of the LS gates
 
 
@@ -96,6 +96,7 @@ class DataConfig:
     hflip: bool = False  # random horizontal flip, drawn from the run's generator
     num_workers: int = 0
     resolution: int = 0  # folder / imagenet64 folder: centre-crop and resize to this side (0: keep / 64)
+    channels: int = 3  # image files (folder, celeba64, imagenet64 folders): 3 read as RGB, 1 as grey
 
 
 @dataclass
@@ -124,7 +125,8 @@ class OptimConfig:
 @dataclass
 class TrainConfig:
     steps: int = 1000
-    batch_size: int = 128  # global batch, split over processes
+    batch_size: int = 128  # global batch per optimizer step, split over processes and micro-batches
+    grad_accum: int = 1  # micro-batches per step: each process runs batch_size / (processes * grad_accum)
     seed: int = 0  # drives init, data order, noise and sampling
     ema_decay: float = 0.9999
     log_every: int = 10
@@ -341,6 +343,7 @@ def _positive(key: str, value: float, allow_zero: bool = False) -> None:
 
 MODEL_TYPES = ("uvit", "unet", "diffusers_unet2d")
 DATASETS = ("mnist", "cifar10", "celeba64", "imagenet64", "folder", "coco_latents")
+FILE_DATASETS = ("folder", "celeba64", "imagenet64")  # read from image files: data.channels applies
 MIXED_PRECISION = ("no", "fp16", "bf16")
 LR_SCHEDULES = ("constant", "cosine")
 SCHEDULES = ("vpsde", "ddpm")
@@ -352,10 +355,28 @@ METRIC_NAMES = ("fd-mnist", "fid")
 PREDICTION_NAMES = ("eps", "v")  # scalelong.diffusion.PREDICTIONS
 
 
+# The backbone family of each model.type, whose default kappa (scalelong.skips.DEFAULT_KAPPA) an
+# unset model.skip.kappa takes.
+KAPPA_FAMILY = {"uvit": "uvit", "unet": "unet", "diffusers_unet2d": "unet"}
+
+
+def resolved_kappa(m: ModelConfig) -> float:
+    """``model.skip.kappa``, or when it is unset the default of the model's backbone."""
+    if m.skip.kappa is not None:
+        return m.skip.kappa
+    return DEFAULT_KAPPA[KAPPA_FAMILY[m.type]]
+
+
 def validate(cfg: Config) -> None:
-    """Check values and their relations; raise :class:`ScaleLongError` naming the key."""
+    """Check values and their relations; raise :class:`ScaleLongError` naming the key.
+
+    Defaults that depend on other keys are resolved here (an unset ``model.skip.kappa`` becomes
+    its backbone's), so the config a run directory stores spells them out and a rerun of the
+    same YAML compares equal to it.
+    """
     m = cfg.model
     _choice("model.type", m.type, MODEL_TYPES)
+    m.skip.kappa = resolved_kappa(m)
     try:
         check_method(m.skip.method, m.skip.kappa)
     except ScaleLongError as e:
@@ -390,6 +411,7 @@ def validate(cfg: Config) -> None:
             "model.uvit.context_dim to the text encoder's width (768 for CLIP ViT-L/14)"
         )
     _positive("data.num_workers", cfg.data.num_workers, allow_zero=True)
+    _validate_channels(cfg.data, m)
     d = cfg.diffusion
     _choice("diffusion.schedule", d.schedule, SCHEDULES)
     _choice("diffusion.beta_schedule", d.beta_schedule, ("linear", "scaled_linear"))
@@ -405,6 +427,11 @@ def validate(cfg: Config) -> None:
     t = cfg.train
     _positive("train.steps", t.steps)
     _positive("train.batch_size", t.batch_size)
+    _positive("train.grad_accum", t.grad_accum)
+    if t.batch_size % t.grad_accum:
+        raise ScaleLongError(
+            f"train.batch_size={t.batch_size} must be divisible by train.grad_accum={t.grad_accum}"
+        )
     _positive("train.log_every", t.log_every)
     _positive("train.seed", t.seed, allow_zero=True)
     if not 0 <= t.ema_decay < 1:
@@ -449,6 +476,19 @@ def _validate_eval(e: EvalConfig) -> None:
     if e.metric == "fid" and not e.fid_stats and e.every > 0:
         raise ScaleLongError(
             "eval.metric=fid needs eval.fid_stats=PATH; make it with `scalelong fid-stats CONFIG --out PATH`"
+        )
+
+
+def _validate_channels(d: DataConfig, m: ModelConfig) -> None:
+    """data.channels is 3 or 1 and, for images read from files, what the model takes."""
+    if d.channels not in (1, 3):
+        raise ScaleLongError(f"data.channels must be 3 (RGB) or 1 (grey), got {d.channels}")
+    model_channels = getattr(m, m.type).in_channels
+    if d.name in FILE_DATASETS and d.channels != model_channels:
+        fix = f"set data.channels={model_channels} or " if model_channels in (1, 3) else "set "
+        raise ScaleLongError(
+            f"data.channels={d.channels} reads the images {'as grey' if d.channels == 1 else 'as RGB'} but "
+            f"model.{m.type}.in_channels={model_channels}; {fix}model.{m.type}.in_channels={d.channels}"
         )
 
 

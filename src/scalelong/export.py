@@ -2,8 +2,8 @@
 
 Image i of a folder comes from seed ``seed + i`` (and its label or prompt), so a second call
 draws only what is missing and no image depends on the batch it was drawn in. A folder records
-its settings in ``sampling.json``; a call with other settings is refused instead of mixing two
-sets of images.
+its settings in ``sampling.json``; a call with other settings (for prompts also the prompt list,
+guidance scale and encoders) is refused, naming what differs, instead of mixing two sets of images.
 """
 
 from __future__ import annotations
@@ -132,10 +132,32 @@ def _start(out: Path, n: int, batch_size: int, settings: dict) -> Path:
     get_sampler(settings["sampler"])  # an unknown name fails before any image is drawn
     out.mkdir(parents=True, exist_ok=True)
     path = out / "sampling.json"
-    if path.is_file() and json.loads(path.read_text()) != settings:
-        raise ScaleLongError(f"{out} holds samples made with other settings ({path}); choose another --out")
-    path.write_text(json.dumps(settings, indent=1))
+    if path.is_file():
+        try:
+            held = json.loads(path.read_text())
+        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+            raise ScaleLongError(f"{path} is unreadable ({e}); choose another --out") from None
+        changed = _differences(held, settings)
+        if changed:
+            raise ScaleLongError(
+                f"{out} holds samples made with other settings ({'; '.join(changed)}); choose another --out"
+            )
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(json.dumps(settings, indent=1))
+    tmp.replace(path)  # a killed call never leaves a half-written settings file
     return out
+
+
+def _differences(held: dict, wanted: dict) -> list[str]:
+    """``key: held -> wanted`` for each setting that differs, values shortened to fit one line."""
+
+    def short(value: object) -> str:
+        text = repr(value)
+        return text if len(text) <= 60 else text[:57] + "..."
+
+    keys = [k for k in wanted if k not in held] + list(held)
+    changed = [k for k in keys if held.get(k) != wanted.get(k)]
+    return [f"{k}: {short(held.get(k))} -> {short(wanted.get(k))}" for k in changed]
 
 
 def write_missing_pngs(

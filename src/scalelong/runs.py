@@ -51,6 +51,7 @@ RESUME_FREE_KEYS = (
     "train.steps",
     "train.log_every",
     "train.compile",
+    "train.grad_accum",  # the same steps for any value (up to float summation order)
     "train.checkpoint_every",
     "train.keep_checkpoints",
     "train.tensorboard",

@@ -40,6 +40,11 @@ METHODS = ("none", "sqrt2", "cs", "ls", "ls-nonshare")
 CONSTANT_METHODS = ("none", "sqrt2", "cs")
 LEARNED_METHODS = ("ls", "ls-nonshare")
 
+# The default kappa of ``cs`` per backbone family, the one place an unset kappa is resolved from.
+# U-ViT (6-8 skips): the paper's 0.5. Convolutional UNets have 10-16 skips, where 0.5 would scale
+# the innermost of 12 by 0.5 ** 11 = 5e-4: 0.9 (benchmarks/unet_kappa_sweep.py; 0.9 ** 11 = 0.31).
+DEFAULT_KAPPA = {"uvit": 0.5, "unet": 0.9}
+
 # A probe sees every merge: (index, incoming skip, coefficient, scaled skip). Diagnostics use it.
 SkipProbe = Callable[[int, torch.Tensor, "torch.Tensor | float", torch.Tensor], None]
 

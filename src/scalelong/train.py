@@ -4,14 +4,16 @@ with exact resume, metrics, sample grids.
 Device placement and processes go through Hugging Face Accelerate (:mod:`scalelong.launch`):
 the same code runs on one CPU, one GPU, several GPUs or nodes (``scalelong train
 --num-processes N`` or ``accelerate launch -m scalelong.cli train ...``). ``train.batch_size``
-is the global batch; each process takes its slice of it. The run's files go to its run
-directory (:class:`scalelong.runs.RunDir`).
+is the global batch of one optimizer step; each process takes its slice of it and runs it in
+``train.grad_accum`` micro-batches, accumulating their gradients (synchronised across processes
+once, after the last). The run's files go to its run directory (:class:`scalelong.runs.RunDir`).
 
 Determinism: one seed drives model initialisation, data order (:class:`EpochBatches`) and the
 noise. Flips, times and noise are drawn for the whole global batch from one generator that
-every process advances alike, and each process takes its slice, so a run gives the same
-result on any number of processes (up to float reduction order) and, on the CPU, identical
-weights twice.
+every process advances alike, and each process and micro-batch takes its slice, so a run gives
+the same result on any number of processes and any ``train.grad_accum`` (up to float summation
+order; dropout masks come from each process's own generator) and, on the CPU, identical weights
+twice.
 
 Resume: re-running the same command continues a run directory from its newest intact
 checkpoint (``--resume`` insists on one). A different config in an existing run directory is an
@@ -20,6 +22,7 @@ error; only :data:`scalelong.runs.RESUME_FREE_KEYS` (run length, logging, sampli
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import dataclasses
 import hashlib
@@ -59,7 +62,8 @@ from scalelong.tracking import Tracker
 # killed), never config keys. ``step`` counts completed steps, 1-based.
 # Extra metrics of a step: a non-empty dict is merged into (or becomes) the record of that step.
 MetricHook = Callable[[int, "Trainer"], dict]
-# The loss of a step, before backward: returns the loss to backpropagate.
+# The loss of a step (of each micro-batch with train.grad_accum > 1), before backward: returns
+# the loss to backpropagate.
 LossHook = Callable[[int, torch.Tensor], torch.Tensor]
 # After a step, its log record, checkpoint and sample grid.
 StepHook = Callable[[int, "Trainer"], None]
@@ -91,6 +95,10 @@ class Draws(NamedTuple):
     t: torch.Tensor  # (B,) times
     noise: torch.Tensor  # (B, C, H, W)
     drop_caption: torch.Tensor | None  # (B,) bool: use the empty caption; None unless text data
+
+    def part(self, rows: slice) -> Draws:
+        """The draws of the samples ``rows`` (a micro-batch)."""
+        return Draws(*(None if x is None else x[rows] for x in self))
 
 
 @dataclass
@@ -151,6 +159,17 @@ def sample_images(model: nn.Module, cfg: Config, n: int, device: torch.device, s
     return generate(model, schedule, cfg.sample.sampler, cfg.sample.steps, seeds, shape, labels, device)
 
 
+def micro_batch_size(global_batch: int, processes: int, grad_accum: int) -> int:
+    """Images one process runs at a time: ``global_batch / (processes * grad_accum)``."""
+    parts = processes * grad_accum
+    if global_batch % parts:
+        raise ScaleLongError(
+            f"train.batch_size={global_batch} must be divisible by {processes} process(es) x "
+            f"train.grad_accum={grad_accum} = {parts}; change the batch size or train.grad_accum"
+        )
+    return global_batch // parts
+
+
 def next_batch(batches: Iterator) -> tuple[torch.Tensor, torch.Tensor]:
     """The next batch; a loader worker's error becomes one line again."""
     try:
@@ -178,6 +197,8 @@ class Trainer:
 
     def __init__(self, cfg: Config, accelerator, run_dir: str | Path):
         self.cfg, self.acc, self.run = cfg, accelerator, RunDir(run_dir)
+        t = cfg.train
+        self.micro_batch = micro_batch_size(t.batch_size, accelerator.num_processes, t.grad_accum)
         self.dataset = build_dataset(cfg.data)
         check_data_fits_model(cfg, self.dataset)
         torch.manual_seed(cfg.train.seed)
@@ -211,9 +232,10 @@ class Trainer:
         self.null_context = getattr(self.dataset, "null_context", None)
         self.caption_dropout = cfg.t2i.caption_dropout if self.null_context is not None else 0.0
         self.evaluator = None
-        if cfg.eval.every > 0 and accelerator.is_main_process:
-            # Built now so a bad reference path fails before any training.
-            self.evaluator = TrainingEvaluator(cfg, self.run, accelerator.device)
+        if cfg.eval.every > 0:
+            # Built now so a bad reference path fails before any training. Every process samples its
+            # share of each evaluation; the main process computes the distance.
+            self.evaluator = TrainingEvaluator(cfg, self.run, accelerator.device, accelerator)
         self.noise_probe = None
         if cfg.diagnostics.noise_levels > 0 and accelerator.is_main_process:
             self.noise_probe = NoiseLevelProbe(cfg, accelerator.device)
@@ -282,17 +304,39 @@ class Trainer:
         overflow: skipped by the scaler, which lowers the scale)."""
         step = self.step + 1
         diagnose = self.diagnostics is not None and self.diagnostics.active_for(step)
-        loss = self.loss(images, labels, self.draws(images.shape), eager=diagnose)
-        for hook in self.loss_hooks:
-            loss = hook(step, loss)
-        loss_all, gnorm, finite = self.backward(loss)
+        loss = self.accumulate(step, images, labels, self.draws(images.shape), eager=diagnose)
+        loss_all, gnorm, finite = self.gradients(loss)
         if diagnose:  # before the update: gradients and features of this very step
             self.diag_metrics = self.diagnostics.collect(step, float(loss_all))
         return loss_all, gnorm, self.update(gnorm, *finite)
 
+    def accumulate(
+        self, step: int, images: torch.Tensor, labels: torch.Tensor, d: Draws, eager: bool = False
+    ) -> torch.Tensor:
+        """Backpropagate this process's batch in micro-batches of ``self.micro_batch``; return its
+        mean loss (detached).
+
+        Each micro-batch backpropagates its mean loss divided by their number, so the accumulated
+        gradient is that of the batch's mean loss. Under DDP only the last backward synchronises
+        the gradients (``accelerator.no_sync`` for the others).
+        """
+        parts = images.shape[0] // self.micro_batch
+        total = torch.zeros((), device=self.acc.device)
+        for k in range(parts):
+            rows = slice(k * self.micro_batch, (k + 1) * self.micro_batch)
+            last = k == parts - 1
+            with contextlib.nullcontext() if last else self.acc.no_sync(self.model):
+                loss = self.loss(images[rows], labels[rows], d.part(rows), eager=eager)
+                for hook in self.loss_hooks:
+                    loss = hook(step, loss)
+                self.acc.backward(loss / parts)
+            total += loss.detach()
+        return total / parts
+
     def loss(self, images: torch.Tensor, labels: torch.Tensor, d: Draws, eager: bool = False) -> torch.Tensor:
-        """Mean epsilon loss of this process's batch under the draws ``d`` (flips, times, noise,
-        dropped captions); ``eager`` bypasses the compiled forward (diagnostic steps)."""
+        """Mean epsilon loss of ``images`` (a micro-batch of this process) under their draws ``d``
+        (flips, times, noise, dropped captions); ``eager`` bypasses the compiled forward (diagnostic
+        steps)."""
         dev = self.acc.device
         x0 = images.to(dev, non_blocking=True)
         if self.cfg.data.hflip:
@@ -305,10 +349,9 @@ class Trainer:
         cond = conditioning(self.unwrapped, labels)
         return denoising_loss(net, self.schedule, x0, d.t.to(dev), d.noise.to(dev), **cond).mean()
 
-    def backward(self, loss: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, tuple[bool, bool]]:
-        """Gradients of ``loss``: (loss averaged over processes, gradient norm, (loss finite,
+    def gradients(self, loss: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, tuple[bool, bool]]:
+        """After :meth:`accumulate`: (``loss`` averaged over processes, gradient norm, (loss finite,
         gradients finite)). One host sync, which every process answers alike."""
-        self.acc.backward(loss)
         if self.acc.scaler is not None:
             self.acc.unscale_gradients()  # the norm, the check and clipping need true gradients
         gnorm = grad_norm(self.params)
@@ -361,6 +404,7 @@ class Trainer:
             "rng": rng_states,
             "data": self.data_position(),
             "lr_schedule": {"kind": self.cfg.optim.lr_schedule, "lr": self.lr},  # a function of the step
+            "diagnostics": self.diagnostics.state_dict() if self.diagnostics is not None else None,
             "num_processes": self.acc.num_processes,
         }
 
@@ -373,6 +417,8 @@ class Trainer:
         self.noise_gen.set_state(state["noise_gen"])
         if self.acc.scaler is not None and state["scaler"] is not None:
             self.acc.scaler.load_state_dict(state["scaler"])
+        if self.diagnostics is not None and state.get("diagnostics") is not None:
+            self.diagnostics.load_state_dict(state["diagnostics"])  # oscillation windows, spike count
 
     def data_position(self) -> dict:
         """Where the data order stands: it follows from the step, the seed and the global batch."""
@@ -605,20 +651,20 @@ def train(
         finally:
             if tracker is not None:
                 tracker.close()
+        # The recipe: re-score the best step with more samples (all processes sample).
+        final = trainer.evaluator.finalize() if trainer.evaluator is not None else None
         if accelerator.is_main_process:
             summary = {
                 "final_loss": result.final_loss,
                 "steps": trainer.step,
                 "nonfinite_steps": trainer.state.nonfinite_total,
             }
-            if trainer.evaluator is not None:  # the recipe: re-score the best step with more samples
-                final = trainer.evaluator.finalize()
-                if final is not None:
-                    summary["best"] = final
-                    print(
-                        f"best step {final['best_step']}: {final['fd_metric']} {final['fd']:.4g} "
-                        f"on {final['fd_samples']} samples"
-                    )
+            if final is not None:
+                summary["best"] = final
+                print(
+                    f"best step {final['best_step']}: {final['fd_metric']} {final['fd']:.4g} "
+                    f"on {final['fd_samples']} samples"
+                )
             run.write_summary(summary)  # last: its presence marks a finished run
         accelerator.wait_for_everyone()
         return result

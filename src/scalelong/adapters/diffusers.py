@@ -26,7 +26,7 @@ import torch
 from torch import nn
 
 from scalelong.errors import ScaleLongError
-from scalelong.skips import SkipScaling
+from scalelong.skips import DEFAULT_KAPPA, SkipScaling
 
 SUPPORTED = ("UNet2DModel", "UNet2DConditionModel")
 _REF, _FIRST, _HOOK = "_scalelong_scaling", "_scalelong_first_index", "_scalelong_hook_id"
@@ -96,7 +96,7 @@ def is_applied(model: nn.Module) -> bool:
 
 
 def apply_scalelong(
-    model: nn.Module, method: str = "cs", kappa: float = 0.9, *, reduction: int = 16
+    model: nn.Module, method: str = "cs", kappa: float = DEFAULT_KAPPA["unet"], *, reduction: int = 16
 ) -> nn.Module:
     """Scale the long skips of a diffusers ``UNet2DModel`` / ``UNet2DConditionModel`` in place.
 
@@ -229,7 +229,7 @@ class DiffusersUNet2D(nn.Module):
 
 
 def build_diffusers_unet2d(
-    config: dict[str, Any], method: str = "none", kappa: float = 0.9, reduction: int = 16
+    config: dict[str, Any], method: str = "none", kappa: float = DEFAULT_KAPPA["unet"], reduction: int = 16
 ) -> DiffusersUNet2D:
     """A fresh ``UNet2DModel`` from keyword ``config`` with ScaleLong applied, wrapped."""
     diffusers = import_diffusers()

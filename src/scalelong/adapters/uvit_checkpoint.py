@@ -104,7 +104,7 @@ def load_uvit_checkpoint(path: str | Path, config: Any, strict: bool = True) -> 
     Every model parameter must be present with its exact shape, except our LS gates when the
     checkpoint has none; errors list the offending names and shapes.
     """
-    from scalelong.config import ModelConfig, UViTConfig
+    from scalelong.config import ModelConfig, UViTConfig, resolved_kappa
     from scalelong.models.uvit import UViT
 
     if isinstance(config, ModelConfig):
@@ -112,7 +112,7 @@ def load_uvit_checkpoint(path: str | Path, config: Any, strict: bool = True) -> 
         kwargs = {
             **vars(config.uvit),
             "skip_method": s.method,
-            "kappa": s.kappa,
+            "kappa": resolved_kappa(config),
             "ls_reduction": s.ls_reduction,
         }
     elif isinstance(config, UViTConfig):

@@ -17,7 +17,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from scalelong.errors import ScaleLongError
-from scalelong.skips import SkipScaling
+from scalelong.skips import DEFAULT_KAPPA, SkipScaling
 
 
 def timestep_embedding(t: torch.Tensor, dim: int, max_period: float = 10000.0) -> torch.Tensor:
@@ -160,7 +160,7 @@ class UNet(nn.Module):
         num_classes: int = 0,
         norm_groups: int = 32,
         skip_method: str = "none",
-        kappa: float = 0.9,
+        kappa: float = DEFAULT_KAPPA["unet"],
         ls_reduction: int = 16,
     ):
         super().__init__()

@@ -16,7 +16,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from scalelong.skips import SkipScaling
+from scalelong.skips import DEFAULT_KAPPA, SkipScaling
 
 
 def timestep_embedding(t: torch.Tensor, dim: int, max_period: float = 10000.0) -> torch.Tensor:
@@ -123,7 +123,7 @@ class UViT(nn.Module):
         conv_out: bool = True,
         mlp_time_embed: bool = False,
         skip_method: str = "none",
-        kappa: float = 0.5,
+        kappa: float = DEFAULT_KAPPA["uvit"],
         ls_reduction: int = 16,
     ):
         super().__init__()
