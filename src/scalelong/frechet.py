@@ -95,6 +95,15 @@ def load_stats(path: str | Path, metric: str | None = None) -> tuple[np.ndarray,
         raise ScaleLongError(f"{path} is not a statistics file with 'mu' and 'sigma' ({e})") from e
     if metric is not None and stored is not None and stored != metric:
         raise ScaleLongError(f"{path} holds {stored} statistics but the metric is {metric}")
+    mu, sigma = np.asarray(mu), np.asarray(sigma)
+    if mu.ndim != 1 or sigma.shape != (len(mu), len(mu)) or mu.dtype.kind not in "fiu":
+        raise ScaleLongError(
+            f"{path} holds mu {mu.shape} and sigma {sigma.shape}; expected (D,) and (D, D) numbers"
+        )
+    if sigma.dtype.kind not in "fiu" or not (np.isfinite(mu).all() and np.isfinite(sigma).all()):
+        raise ScaleLongError(
+            f"{path} holds NaN or infinite statistics; make it again with `scalelong fid-stats`"
+        )
     return mu, sigma
 
 
