@@ -68,8 +68,15 @@ def feature_stats(features: torch.Tensor | np.ndarray) -> tuple[np.ndarray, np.n
 def save_stats(path: str | Path, mu: np.ndarray, sigma: np.ndarray, metric: str, n: int) -> Path:
     """Write reference statistics (``mu``, ``sigma`` as pytorch-fid names them, plus the metric)."""
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    np.savez(path, mu=mu, sigma=sigma, metric=np.array(metric), n=np.array(n))
+    if path.suffix != ".npz":  # what np.savez writes: name the file it makes
+        path = path.with_name(f"{path.name}.npz")
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        np.savez(path, mu=mu, sigma=sigma, metric=np.array(metric), n=np.array(n))
+    except OSError as e:
+        raise ScaleLongError(
+            f"cannot write the statistics {path} ({e.strerror}); choose another --out"
+        ) from None
     return path
 
 
