@@ -75,3 +75,35 @@ def test_bad_sampling_arguments(tmp_path, capsys, args, words):
         argv += ["--n", "4"]
     refused(capsys, argv, *words)
     assert files_under(tmp_path) == []
+
+
+def test_out_dir_that_is_a_file(tmp_path, capsys):
+    (tmp_path / "runs").write_text("a file")
+    config = Path(__file__).parents[1] / "configs" / "demo.yaml"
+    for out_dir in (tmp_path / "runs", tmp_path / "runs" / "deeper"):
+        argv = ["train", config, *tiny_uvit_overrides("bad", out_dir), "--no-progress"]
+        refused(capsys, argv, "is a file, not a folder", "choose another out_dir=")
+    assert files_under(tmp_path) == ["runs"]
+
+
+def test_a_batch_larger_than_the_data_is_found_before_the_run_directory(tmp_path, capsys):
+    config = Path(__file__).parents[1] / "configs" / "demo.yaml"
+    argv = ["train", config, *tiny_uvit_overrides("big", tmp_path / "runs", steps=2), "--no-progress"]
+    refused(capsys, [*argv, "train.batch_size=100000"], "fewer than one batch of train.batch_size=100000")
+    assert files_under(tmp_path) == []
+    assert main([str(a) for a in argv]) == 0  # the corrected command is not refused as "another config"
+    assert "another config" not in capsys.readouterr().err
+
+
+def test_contradicting_flags_and_an_emptied_config_yaml(tmp_path, capsys):
+    config = Path(__file__).parents[1] / "configs" / "demo.yaml"
+    argv = ["train", config, *tiny_uvit_overrides("run", tmp_path / "runs"), "--no-progress"]
+    refused(capsys, [*argv, "--overwrite", "--resume"], "--overwrite and --resume contradict")
+    assert files_under(tmp_path) == []
+    run = tmp_path / "runs" / "run"
+    run.mkdir(parents=True)
+    (run / "config.yaml").write_text("")  # cut to 0 bytes, and no checkpoint to take the config from
+    refused(capsys, argv, "config.yaml is empty and no checkpoint", "--overwrite")
+    assert files_under(tmp_path) == ["runs", "runs/run", "runs/run/config.yaml"]
+    refused(capsys, [*argv, "--resume"], "config.yaml is empty")
+    assert (run / "config.yaml").read_text() == ""

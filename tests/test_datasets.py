@@ -185,7 +185,10 @@ def test_an_image_damaged_during_the_run_is_one_line_from_a_loader_worker(tmp_pa
 
 def test_dry_run_prints_config_model_and_data(tmp_path, capsys):
     write_cifar(tmp_path / "cifar-10-batches-py")
-    code = main(["train", "configs/cifar10_uvit_s2.yaml", f"data.path={tmp_path}", "--dry-run"])
+    argv = ["train", "configs/cifar10_uvit_s2.yaml", f"data.path={tmp_path}", "--dry-run"]
+    assert main(argv) == 2  # the recipe's batch of 128 is more than the 20 images
+    assert "fewer than one batch of train.batch_size=128" in capsys.readouterr().err
+    code = main([*argv, "train.batch_size=16"])
     out = capsys.readouterr().out
     assert code == 0
     assert "44,255,328 parameters" in out and "coefficient" in out

@@ -8,7 +8,7 @@ from torch.utils.data import Dataset
 
 from scalelong.adapters.diffusers import build_diffusers_unet2d
 from scalelong.config import Config, DataConfig, DiffusionConfig, ModelConfig
-from scalelong.data import load_dataset
+from scalelong.data import check_batches, load_dataset
 from scalelong.diffusion import VPSDE, DiscreteDDPM, Schedule
 from scalelong.errors import ScaleLongError
 from scalelong.models import UNet, UViT
@@ -58,7 +58,10 @@ def model_input_shape(cfg: ModelConfig) -> tuple[int, int, int]:
     return (u.in_channels, u.img_size, u.img_size)
 
 
-def check_data_fits_model(cfg: Config, dataset: Dataset) -> None:
+def check_data_fits_model(cfg: Config, dataset: Dataset, world_size: int = 1) -> None:
+    """A ScaleLongError unless the dataset's images have the model's input shape and the data fills
+    one global batch that splits over ``world_size`` processes (checked before a run touches disk)."""
+    check_batches(len(dataset), cfg.train.batch_size, world_size)
     image = dataset[0][0]
     expected = model_input_shape(cfg.model)
     if tuple(image.shape) != expected:

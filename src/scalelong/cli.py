@@ -302,11 +302,14 @@ def cmd_compare(args: argparse.Namespace) -> int:
 
 def cmd_analyze(args: argparse.Namespace) -> int:
     from scalelong.plots import load_metrics, write_plots
-    from scalelong.runs import RunDir
+    from scalelong.runs import RunDir, writer_of
 
     run = RunDir(args.run_dir)
     records = load_metrics(run)
     out = Path(args.out) if args.out else run.report_dir
+    writer = writer_of(out)
+    if writer is not None:  # a run in training: its folder is the trainer's
+        raise ScaleLongError(f"{out} lies in {writer}, which another process writes; pass --out FOLDER")
     paths = write_plots({run.name: records}, out)
     for path in paths:
         print(path)

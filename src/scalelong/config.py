@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import os
 import types
 import typing
 from dataclasses import dataclass, field
@@ -343,7 +344,19 @@ def config_to_dict(cfg: Config) -> dict:
 
 
 def save_config(cfg: Config, path: str | Path) -> None:
-    Path(path).write_text(yaml.safe_dump(config_to_dict(cfg), sort_keys=False))
+    write_text_atomic(path, yaml.safe_dump(config_to_dict(cfg), sort_keys=False))
+
+
+def write_text_atomic(path: str | Path, text: str) -> None:
+    """Write a text file under a temporary name, then rename it: a kill leaves the old file or the
+    new one, never a cut one."""
+    path = Path(path)
+    tmp = path.with_name(f".{path.name}.tmp")
+    with tmp.open("w") as f:
+        f.write(text)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
 
 
 # ----------------------------------------------------------------------------- validation

@@ -93,6 +93,19 @@ class TensorImages(Dataset):
         return self.images[i], self.labels[i]
 
 
+def check_batches(num_items: int, global_batch: int, world_size: int = 1) -> None:
+    """A ScaleLongError unless ``global_batch`` splits over the processes and the data fills it."""
+    if global_batch % world_size:
+        raise ScaleLongError(
+            f"train.batch_size={global_batch} must be divisible by the {world_size} processes"
+        )
+    if num_items < global_batch:
+        raise ScaleLongError(
+            f"the dataset has {num_items:,} images, fewer than one batch of train.batch_size={global_batch}; "
+            "lower train.batch_size"
+        )
+
+
 class EpochBatches(Sampler[list[int]]):
     """Deterministic, resumable batch order shared by all processes.
 
@@ -111,14 +124,7 @@ class EpochBatches(Sampler[list[int]]):
         world_size: int = 1,
         start_step: int = 0,
     ):
-        if global_batch % world_size:
-            raise ScaleLongError(
-                f"train.batch_size={global_batch} must be divisible by the {world_size} processes"
-            )
-        if num_items < global_batch:
-            raise ScaleLongError(
-                f"the dataset has {num_items} images, fewer than one batch of {global_batch}"
-            )
+        check_batches(num_items, global_batch, world_size)
         self.num_items, self.global_batch, self.seed = num_items, global_batch, seed
         self.rank, self.world_size, self.start_step = rank, world_size, start_step
         self.batches_per_epoch = num_items // global_batch

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -23,7 +24,8 @@ import torch
 from torch import nn
 
 from scalelong.build import build_dataset, build_schedule, model_input_shape
-from scalelong.config import Config, EvalConfig
+from scalelong.checkpoint import DamagedCheckpoint
+from scalelong.config import Config, EvalConfig, write_text_atomic
 from scalelong.diffusion import mean_image_error, noise_level_errors
 from scalelong.errors import ScaleLongError
 from scalelong.frechet import (
@@ -38,7 +40,7 @@ from scalelong.frechet import (
     stored_metric,
 )
 from scalelong.models import conditioning
-from scalelong.runs import RunDir, load_model
+from scalelong.runs import RunDir, load_model, writer_of
 from scalelong.sampling import generate
 
 EVAL_SEED_OFFSET = 1_000_003  # evaluation noise never coincides with the training noise streams
@@ -185,7 +187,11 @@ class TrainingEvaluator:
         step = self.run.best_step(self.e.metric)
         if step is None or self.e.final_num_samples <= 0:
             return None
-        model = load_model(self.run.checkpoint(step), self.cfg.model, "ema", self.device)
+        try:
+            model = load_model(self.run.checkpoint(step), self.cfg.model, "ema", self.device)
+        except DamagedCheckpoint as e:
+            print(f"warning: {e}; the best step is not re-scored")
+            return None
         result = self(step, model, self.e.final_num_samples)
         result = {
             "best_step": step,
@@ -316,6 +322,9 @@ def evaluate_run(
     ref = reference(metric, fid_stats, missing)
     if n < 2:
         raise ScaleLongError(f"--n must be >= 2, got {n}")
+    writer = writer_of(run.eval_dir)
+    if writer is not None:  # never write into a folder another process owns
+        print(f"warning: {writer} writes this run; the result is printed, not saved to {run.eval_dir}")
     features = feature_fn(metric, device, inception_weights, random_init)
     cfg, model, ckpt = run.load_model(step, "ema", device)
     if batch_size:
@@ -323,6 +332,11 @@ def evaluate_run(
     sampler, steps = sampler or cfg.eval.sampler, steps or cfg.eval.steps
     t0 = time.perf_counter()
     fd = fd_of_model(model, cfg, features, ref, n, sampler, steps, device, progress)
+    if not math.isfinite(fd):
+        raise ScaleLongError(
+            f"the {metric} of {ckpt.name} is {fd}: the samples or their features are not finite; "
+            "nothing was written"
+        )
     result = {
         "checkpoint": ckpt.name,
         "fd": fd,
@@ -333,9 +347,10 @@ def evaluate_run(
         "fd_seconds": time.perf_counter() - t0,
         "reference": str(fid_stats) if fid_stats else "embedded MNIST train",
     }
-    run.eval_dir.mkdir(exist_ok=True)
-    name = f"{metric}-{ckpt.name}-n{n}-{sampler}{steps}.json"
-    (run.eval_dir / name).write_text(json.dumps(result, indent=1))
+    if writer is None and writer_of(run.eval_dir) is None:
+        run.eval_dir.mkdir(exist_ok=True)
+        name = f"{metric}-{ckpt.name}-n{n}-{sampler}{steps}.json"
+        write_text_atomic(run.eval_dir / name, json.dumps(result, indent=1))
     return result
 
 
