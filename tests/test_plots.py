@@ -70,7 +70,9 @@ def test_analyze_drops_a_torn_last_line_and_its_plots_count_as_scalelong_files(t
     run = RunDir(tmp_path / "run")
     run.path.mkdir()
     log = run.metrics_log
-    for r in synthetic("ls", 0.6, True):
+    records = synthetic("ls", 0.6, True)
+    records[-1] |= {"noise/x0_mse@0.50": 0.1, "noise/eps_mse@0.50": 0.2, "noise/x0_mse_mean_image": 0.3}
+    for r in records:
         log.write(r)
     with log.path.open("a") as f:
         f.write('{"step": 210, "loss": 0.0')  # a kill mid-write
@@ -79,4 +81,4 @@ def test_analyze_drops_a_torn_last_line_and_its_plots_count_as_scalelong_files(t
     warnings = [line for line in out.splitlines() if line.startswith("warning:")]
     assert len(warnings) == 1 and "last line is cut short" in warnings[0] and err == ""
     plots = sorted(run.report_dir.iterdir())
-    assert len(plots) == 5 and set(plots) <= set(run.project_files())  # --overwrite may remove them
+    assert len(plots) == 6 and set(plots) <= set(run.project_files())  # every kind: --overwrite removes them
