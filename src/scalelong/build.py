@@ -42,9 +42,10 @@ def build_schedule(cfg: DiffusionConfig) -> Schedule:
     )
 
 
-def build_dataset(cfg: DataConfig) -> Dataset:
-    """The dataset the config names; a wrong path or a damaged file is a one-line ScaleLongError."""
-    return load_dataset(cfg.name, cfg.path, cfg.split, cfg.resolution)
+def build_dataset(cfg: DataConfig, check: bool = True) -> Dataset:
+    """The dataset the config names; a wrong path or a damaged file is a one-line ScaleLongError
+    (``check``: every image file is decoded first, see :func:`scalelong.data.load_dataset`)."""
+    return load_dataset(cfg.name, cfg.path, cfg.split, cfg.resolution, check)
 
 
 def model_input_shape(cfg: ModelConfig) -> tuple[int, int, int]:

