@@ -138,13 +138,13 @@ def test_corrupt_files_are_named(tmp_path):
     one_line_error(lambda: load_dataset("imagenet64", str(tmp_path / "npz")), "train_data_batch_1.npz")
 
 
-def test_corrupt_image_in_a_loader_worker_is_one_line_exit_2(tmp_path, capsys):
+def image_folder_run(tmp_path, steps: int = 2) -> tuple[list[str], object]:
+    """Four 16x16 images and the overrides of a tiny run on them."""
     images = tmp_path / "images"
     images.mkdir()
-    for i in range(3):
-        Image.new("RGB", (16, 16), (i * 80, 0, 0)).save(images / f"{i}.png")
-    (images / "3.png").write_bytes(b"\x89PNG\r\n\x1a\n garbage")
-    overrides = tiny_uvit_overrides("corrupt", tmp_path / "runs", steps=2) + [
+    for i in range(4):
+        Image.new("RGB", (16, 16), (i * 60, 0, 0)).save(images / f"{i}.png")
+    overrides = tiny_uvit_overrides("corrupt", tmp_path / "runs", steps=steps) + [
         "data.name=folder",
         f"data.path={images}",
         "data.num_workers=1",
@@ -154,15 +154,44 @@ def test_corrupt_image_in_a_loader_worker_is_one_line_exit_2(tmp_path, capsys):
         "train.device=cpu",
         "train.tensorboard=false",
     ]
+    return overrides, images
+
+
+def test_a_corrupt_image_stops_the_run_before_it_starts(tmp_path, capsys):
+    overrides, images = image_folder_run(tmp_path)
+    (images / "2.png").write_bytes(b"\x89PNG\r\n\x1a\n garbage")
+    (images / "sub").mkdir()
+    (images / "sub" / "9.png").write_bytes((images / "0.png").read_bytes()[:40])  # truncated
     code = main(["train", "configs/demo.yaml", *overrides, "--no-progress"])
     err = capsys.readouterr().err
-    assert code == 2
-    assert err.count("\n") == 1 and "corrupt or unreadable image" in err and "3.png" in err
+    assert code == 2 and "Traceback" not in err
+    assert err.count("\n") == 1 and "corrupt or unreadable image" in err and "2.png" in err
+    assert "1 more of the 5 images" in err
+    assert not (tmp_path / "runs").exists()  # found before the run directory is made
+
+
+def test_an_image_damaged_during_the_run_is_one_line_from_a_loader_worker(tmp_path):
+    from scalelong.config import load_config
+    from scalelong.train import train
+
+    overrides, images = image_folder_run(tmp_path, steps=12)
+
+    def damage(step, trainer):
+        if step == 1:
+            (images / "3.png").write_bytes(b"\x89PNG\r\n\x1a\n garbage")
+
+    with pytest.raises(ScaleLongError) as info:
+        train(load_config("configs/demo.yaml", overrides), progress=False, step_hooks=[damage])
+    message = str(info.value)
+    assert "\n" not in message and "corrupt or unreadable image" in message and "3.png" in message
 
 
 def test_dry_run_prints_config_model_and_data(tmp_path, capsys):
     write_cifar(tmp_path / "cifar-10-batches-py")
-    code = main(["train", "configs/cifar10_uvit_s2.yaml", f"data.path={tmp_path}", "--dry-run"])
+    argv = ["train", "configs/cifar10_uvit_s2.yaml", f"data.path={tmp_path}", "--dry-run"]
+    assert main(argv) == 2  # the recipe's batch of 128 is more than the 20 images
+    assert "fewer than one batch of train.batch_size=128" in capsys.readouterr().err
+    code = main([*argv, "train.batch_size=16"])
     out = capsys.readouterr().out
     assert code == 0
     assert "44,255,328 parameters" in out and "coefficient" in out
@@ -207,3 +236,60 @@ def test_grey_image_folder_loads_with_one_channel_and_trains(tmp_path, capsys):
     assert main(["train", "configs/demo.yaml", *overrides, "--no-progress"]) == 0
     assert "final loss" in capsys.readouterr().out
     assert load_config(tmp_path / "runs" / "grey" / "config.yaml").data.channels == 1
+
+
+class _Exploit:
+    """Unpickling this calls ``os.system`` (a crafted pickle can name any function)."""
+
+    def __init__(self, marker):
+        self.marker = marker
+
+    def __reduce__(self):
+        import os
+
+        return (os.system, (f"touch {self.marker}",))
+
+
+@pytest.mark.parametrize("where", ["top", "data", "labels"])
+def test_a_crafted_cifar_batch_is_refused_and_runs_no_code(tmp_path, capsys, where):
+    write_cifar(tmp_path / "cifar")
+    marker = tmp_path / "code-ran"
+    batch = {b"data": np.zeros((4, 3072), np.uint8), b"labels": [0, 1, 2, 3]}
+    if where == "top":
+        batch = _Exploit(marker)
+    else:
+        batch[f"{where}".encode()] = _Exploit(marker)
+    (tmp_path / "cifar" / "data_batch_2").write_bytes(pickle.dumps(batch, protocol=2))
+    assert pickle.loads(pickle.dumps(_Exploit(tmp_path / "probe"))) == 0  # the payload works
+    assert (tmp_path / "probe").exists()
+    message = one_line_error(lambda: load_dataset("cifar10", str(tmp_path / "cifar")), "data_batch_2")
+    assert "system" in message and "not loaded" in message
+    assert not marker.exists()
+    # the same through the command line: --dry-run, one line, exit 2, nothing ran, nothing made
+    code = main(["train", "configs/cifar10_uvit_s2.yaml", f"data.path={tmp_path / 'cifar'}", "--dry-run"])
+    err = capsys.readouterr().err
+    assert code == 2 and err.count("\n") == 1 and "data_batch_2" in err and "Traceback" not in err
+    assert not marker.exists() and not (tmp_path / "runs").exists()
+
+
+def test_cifar_object_arrays_are_refused(tmp_path):
+    write_cifar(tmp_path / "cifar")
+    batch = {b"data": np.array([object()] * 3072, dtype=object).reshape(1, 3072), b"labels": [0]}
+    (tmp_path / "cifar" / "data_batch_1").write_bytes(pickle.dumps(batch))
+    one_line_error(lambda: load_dataset("cifar10", str(tmp_path / "cifar")), "Python objects")
+
+
+@pytest.mark.parametrize("protocol", [2, 5])
+def test_cifar_batches_of_every_pickle_flavour_load(tmp_path, protocol):
+    """Python 3 pickles at protocols 2 and 5, and the numpy 1 names of the official files."""
+    write_cifar(tmp_path / "cifar")
+    rng = np.random.default_rng(1)
+    data = rng.integers(0, 256, (4, 3072), dtype=np.uint8)
+    raw = pickle.dumps({b"data": data, b"labels": [3, 1, 4, 1], b"filenames": [b"a.png"] * 4}, protocol)
+    if protocol == 2:  # as numpy 1 wrote them: numpy.core.multiarray._reconstruct
+        assert b"numpy._core.multiarray" in raw
+        raw = raw.replace(b"numpy._core.multiarray", b"numpy.core.multiarray")
+    (tmp_path / "cifar" / "data_batch_1").write_bytes(raw)
+    ds = load_dataset("cifar10", str(tmp_path / "cifar"))
+    assert ds.labels[:4].tolist() == [3, 1, 4, 1]
+    assert torch.equal(ds[0][0], torch.from_numpy(data[0].reshape(3, 32, 32)).float() / 127.5 - 1)

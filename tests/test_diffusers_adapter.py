@@ -155,6 +155,25 @@ def test_save_load_round_trip_via_from_pretrained(make, tmp_path):
     assert torch.equal(run(loaded), expected)
 
 
+@pytest.mark.parametrize("damage", ["flip", "truncate"])
+def test_damaged_scalelong_weights_are_refused(tmp_path, damage):
+    model = unet2d()
+    apply_scalelong(model, method="ls", reduction=4)
+    save_scalelong(model, tmp_path, save_model=False)
+    weights = tmp_path / "scalelong.safetensors"
+    data = bytearray(weights.read_bytes())
+    if damage == "flip":
+        data[-3] ^= 0x10  # one bit of one LS parameter: still a valid file, another number
+    else:
+        data = data[: len(data) // 2]
+    weights.write_bytes(bytes(data))
+    fresh = unet2d()
+    with pytest.raises(ScaleLongError, match="scalelong.safetensors is damaged") as info:
+        load_scalelong(fresh, tmp_path)
+    assert "\n" not in str(info.value)
+    assert not hasattr(fresh, "scalelong")  # nothing half-applied
+
+
 def test_moves_with_the_model():
     model = unet2d()
     apply_scalelong(model, method="ls")

@@ -71,6 +71,15 @@ def test_stats_round_trip_and_user_errors(tmp_path) -> None:
         load_stats(tmp_path / "bad.npz")
     with pytest.raises(ScaleLongError, match="do not match"):
         frechet_distance(mu, sigma, np.zeros(4), np.eye(4))
+    with pytest.raises(ScaleLongError, match="cannot write the statistics"):
+        save_stats(path / "below.npz", mu, sigma, "fd-mnist", 10)  # a path through a file
+    assert save_stats(tmp_path / "plain", mu, sigma, "fd-mnist", 10) == tmp_path / "plain.npz"
+    np.savez(tmp_path / "nan.npz", mu=np.array([0.0, np.nan, 1.0]), sigma=sigma)
+    with pytest.raises(ScaleLongError, match="NaN or infinite statistics"):
+        load_stats(tmp_path / "nan.npz")
+    np.savez(tmp_path / "shape.npz", mu=mu, sigma=np.eye(4))
+    with pytest.raises(ScaleLongError, match=r"expected \(D,\) and \(D, D\)"):
+        load_stats(tmp_path / "shape.npz")
 
 
 @pytest.mark.slow

@@ -69,6 +69,8 @@ def test_two_processes_match_one(tmp_path):
     assert steps == [2, 4, 6]
     assert len(list((run / "tb").iterdir())) == 1
     assert sorted(p.name for p in (run / "checkpoints").iterdir()) == ["step-000003", "step-000006"]
+    assert json.loads((run / "summary.json").read_text())["status"] == "complete"
+    assert not (run / ".lock").exists()  # the main process held the run's lock and released it
     trainer = torch.load(run / "checkpoints" / "step-000006" / "trainer.pt", weights_only=True)
     assert trainer["num_processes"] == 2 and len(trainer["rng"]) == 2
 

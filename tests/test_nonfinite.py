@@ -76,6 +76,10 @@ def test_nan_at_every_step_stops_after_k_with_exit_2(tmp_path, capsys, monkeypat
     assert logged[-1]["step"] == 3 and logged[-1]["nonfinite_total"] == 3
     assert "loss" not in logged[-1]  # no finite step to average: absent, not zero
     assert list_checkpoints(tmp_path / "allnan" / "checkpoints") == []
+    summary = json.loads((tmp_path / "allnan" / "summary.json").read_text())  # every ending writes one
+    assert summary["status"] == "stopped" and summary["steps"] == 3 and summary["nonfinite_steps"] == 3
+    assert "stopped at step 3" in summary["error"] and math.isnan(summary["final_loss"])
+    assert not (tmp_path / "allnan" / ".lock").exists()
 
 
 def test_bf16_on_cpu_trains_and_fp16_on_cpu_is_a_clear_error(tmp_path):

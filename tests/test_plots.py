@@ -61,3 +61,24 @@ def test_missing_matplotlib_names_the_extra(tmp_path, monkeypatch):
     monkeypatch.setitem(sys.modules, "matplotlib", None)
     with pytest.raises(ScaleLongError, match=r"scalelong\[report\]"):
         write_plots({"none": synthetic("none", 1.0, False)}, tmp_path)
+
+
+def test_analyze_drops_a_torn_last_line_and_its_plots_count_as_scalelong_files(tmp_path, capsys):
+    from scalelong.cli import main
+    from scalelong.runs import RunDir
+
+    run = RunDir(tmp_path / "run")
+    run.path.mkdir()
+    log = run.metrics_log
+    records = synthetic("ls", 0.6, True)
+    records[-1] |= {"noise/x0_mse@0.50": 0.1, "noise/eps_mse@0.50": 0.2, "noise/x0_mse_mean_image": 0.3}
+    for r in records:
+        log.write(r)
+    with log.path.open("a") as f:
+        f.write('{"step": 210, "loss": 0.0')  # a kill mid-write
+    assert main(["analyze", str(run)]) == 0
+    out, err = capsys.readouterr()
+    warnings = [line for line in out.splitlines() if line.startswith("warning:")]
+    assert len(warnings) == 1 and "last line is cut short" in warnings[0] and err == ""
+    plots = sorted(run.report_dir.iterdir())
+    assert len(plots) == 6 and set(plots) <= set(run.project_files())  # every kind: --overwrite removes them

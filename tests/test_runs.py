@@ -93,5 +93,241 @@ def test_one_loader_for_a_run_and_for_a_bare_checkpoint(tmp_path):
     assert torch.equal(load_model(ckpt).pos_embed, ema.pos_embed)  # EMA weights by default
     with pytest.raises(ScaleLongError, match="choose ema or model"):
         load_model(ckpt, weights="best")
-    with pytest.raises(ScaleLongError, match="no meta.json"):
+    with pytest.raises(ScaleLongError, match="meta.json is missing"):
         load_model(tmp_path)
+
+
+# ----------------------------------------------------------------------------- the metrics log
+
+
+def test_a_torn_last_line_is_dropped_with_one_warning(tmp_path):
+    log = MetricsLog(tmp_path / "metrics.jsonl", warn=(warnings := []).append)
+    log.write({"step": 1, "loss": 0.5})
+    log.write({"step": 2, "loss": 0.4})
+    with log.path.open("a") as f:
+        f.write('{"step": 3, "lo')  # a kill in the middle of a write
+    assert [r["step"] for r in log.read()] == [1, 2]
+    assert [r["step"] for r in log.read()] == [1, 2]
+    assert len(warnings) == 1 and "last line is cut short" in warnings[0]  # once, however often it is read
+    log.truncate_after(5)  # what a resumed run does first: the file is whole again
+    assert log.path.read_text() == '{"step": 1, "loss": 0.5}\n{"step": 2, "loss": 0.4}\n'
+    assert not list(tmp_path.glob(".*tmp"))
+    log.path.write_text('{"step": 1}\nnot json\n[1, 2]\n{"step": 4}\n')
+    assert [r["step"] for r in log.read()] == [1, 4]
+    assert "line(s) 2, 3 are not JSON records" in warnings[-1]
+
+
+# ----------------------------------------------------------------------------- checkpoints
+
+
+def test_removing_old_checkpoints_is_atomic_and_keeps_newer_ones(tmp_path, monkeypatch):
+    import scalelong.checkpoint as ckpt
+    from scalelong.checkpoint import list_checkpoints, remove_partial
+
+    w = {"w": torch.ones(2)}
+    for step in (2, 4, 6, 8):
+        save_checkpoint(tmp_path, step, w, w, {})
+    # a resume that fell back to step 4 writes step 5 with keep=2: 6 and 8 (newer, from before) stay
+    save_checkpoint(tmp_path, 5, w, w, {}, keep=2)
+    names = ["step-000004", "step-000005", "step-000006", "step-000008"]
+    assert [p.name for p in list_checkpoints(tmp_path)] == names
+    # a removal cut short after its rename leaves no step- folder, only .old-, cleaned up later
+    monkeypatch.setattr(ckpt.shutil, "rmtree", lambda *a, **k: None)
+    ckpt.remove_checkpoint(tmp_path / "step-000004")
+    monkeypatch.undo()
+    assert [p.name for p in list_checkpoints(tmp_path)] == names[1:]
+    assert (tmp_path / ".old-step-000004").is_dir()
+    remove_partial(tmp_path)
+    assert sorted(p.name for p in tmp_path.iterdir()) == names[1:]
+
+
+def test_every_weight_load_is_verified(tmp_path):
+    from scalelong.checkpoint import DamagedCheckpoint, load_newest
+
+    cfg = load_config(None, TINY)
+    model = build_model(cfg.model)
+    good = save_checkpoint(tmp_path, 1, model, model, config_to_dict(cfg))
+    bad = save_checkpoint(tmp_path, 2, model, model, config_to_dict(cfg))
+    data = bytearray((bad / "ema.safetensors").read_bytes())
+    data[-1] ^= 1  # one bit: still a valid safetensors file, one weight slightly off
+    (bad / "ema.safetensors").write_bytes(bytes(data))
+    with pytest.raises(DamagedCheckpoint, match="ema.safetensors fails its checksum"):
+        load_model(bad)
+    load_model(bad, weights="model")  # the raw weights of that checkpoint are intact
+    warnings = []
+    path, _ = load_newest([good, bad], load_model, warnings.append)
+    assert (
+        path == good
+        and len(warnings) == 1
+        and "step-000002" in warnings[0]
+        and "using step-000001" in warnings[0]
+    )
+    (good / "ema.safetensors").write_bytes((good / "ema.safetensors").read_bytes()[:100])
+    with pytest.raises(
+        ScaleLongError, match=r"every checkpoint .* is damaged \(step-000002: ema.safetensors fails"
+    ):
+        load_newest([good, bad], load_model, warnings.append, "; restore one")
+    assert len(warnings) == 1  # the all-damaged case is the one error line, no warnings before it
+
+
+# ----------------------------------------------------------------------------- the run directory
+
+
+def test_config_recovered_from_a_checkpoint_when_config_yaml_is_empty(tmp_path, capsys):
+    cfg = load_config(None, TINY)
+    run = RunDir(tmp_path / "run")
+    run.path.mkdir()
+    run.config_file.write_text("")  # cut to 0 bytes
+    with pytest.raises(ScaleLongError, match="config.yaml is empty and no checkpoint") as info:
+        run.config()
+    assert "--overwrite" in str(info.value)
+    model = build_model(cfg.model)
+    save_checkpoint(run.checkpoints_dir, 3, model, model, config_to_dict(cfg))
+    assert run.config().model == cfg.model
+    assert "config.yaml is empty; using the config stored in step-000003" in capsys.readouterr().out
+
+
+def test_overwrite_removes_only_what_scalelong_wrote(tmp_path):
+    cfg = load_config(None, [*TINY, f"out_dir={tmp_path}", "name=run"])
+    run = RunDir(cfg.run_dir)
+    run.path.mkdir()
+    save_config(cfg, run.config_file)
+    model = build_model(cfg.model)
+    save_checkpoint(run.checkpoints_dir, 3, model, model, config_to_dict(cfg))
+    ours = [
+        "metrics.jsonl",
+        "summary.json",
+        "eval_final.json",
+        "tb/events.out.tfevents.1.host",
+        "samples/step-000003.png",
+    ]
+    ours += [
+        "eval/fd-mnist-step-000003-n16-dpm_solver3.json",
+        "report/loss.png",
+        "report/coefficients_ls.png",
+    ]
+    theirs = ["notes.txt", "samples/favourite.png", "report/my-plot.png", "checkpoints/README", "tb/keep.txt"]
+    for name in ours + theirs:
+        (run.path / name).parent.mkdir(parents=True, exist_ok=True)
+        (run.path / name).write_text(name)
+    warnings = []
+    with run.writing(warnings.append):
+        assert run.prepare(cfg, overwrite=True, warn=warnings.append) == []
+    assert sorted(str(p.relative_to(run.path)) for p in run.path.rglob("*") if p.is_file()) == sorted(
+        ["config.yaml", *theirs]
+    )
+    assert len(warnings) == 1 and "kept 5 file(s)" in warnings[0] and "notes.txt" in warnings[0]
+    assert not run.lock_file.exists()
+
+
+def test_a_run_without_a_checkpoint_starts_again_in_place_deleting_nothing(tmp_path):
+    cfg = load_config(None, [*TINY, f"out_dir={tmp_path}", "name=run"])
+    run = RunDir(cfg.run_dir)
+    run.path.mkdir()
+    save_config(cfg, run.config_file)
+    (run.checkpoints_dir).mkdir()
+    (run.path / "notes.txt").write_text("mine")
+    warnings = []
+    with run.writing(warnings.append):
+        assert run.prepare(cfg, warn=warnings.append) == []
+    assert warnings == [f"warning: {run.path} has no checkpoint yet; starting it again from step 0"]
+    assert (run.path / "notes.txt").read_text() == "mine"
+    with run.writing(), pytest.raises(ScaleLongError, match="--resume: .* has no checkpoint"):
+        run.prepare(cfg, resume=True)
+
+
+# ----------------------------------------------------------------------------- the lock
+
+
+def dead_pid() -> int:
+    """The pid of a process that has ended (and been reaped)."""
+    import subprocess
+    import sys
+
+    proc = subprocess.Popen([sys.executable, "-c", "pass"])
+    proc.wait()
+    return proc.pid
+
+
+def write_lock(run: RunDir, **fields) -> None:
+    import json
+    import socket
+
+    record = {"pid": 1, "host": socket.gethostname(), "start": None, "since": "2024-01-01 00:00:00"}
+    run.path.mkdir(parents=True, exist_ok=True)
+    run.lock_file.write_text(json.dumps({**record, **fields}))
+
+
+def test_the_lock_names_a_live_holder_and_takes_over_a_dead_one(tmp_path):
+    import json
+    import os
+    import socket
+
+    run = RunDir(tmp_path / "run")
+    with run.writing():
+        record = json.loads(run.lock_file.read_text())
+        assert record["pid"] == os.getpid() and record["host"] == socket.gethostname()
+        with pytest.raises(ScaleLongError, match=rf"being trained by pid {os.getpid()} on host"):
+            RunDir(run.path).acquire_lock()  # a second writer, even in this process
+    assert not run.lock_file.exists() and not run.path.exists()  # released; the empty folder made here goes
+
+    write_lock(run, pid=os.getppid())  # a live process of this host
+    with pytest.raises(ScaleLongError, match=rf"pid {os.getppid()} on host {socket.gethostname()}"):
+        run.acquire_lock()
+    write_lock(run, pid=dead_pid())
+    warnings = []
+    run.acquire_lock(warnings.append)
+    assert len(warnings) == 1 and "which no longer runs; taking the lock over" in warnings[0]
+    assert json.loads(run.lock_file.read_text())["pid"] == os.getpid()
+    run.release_lock()
+    assert not run.lock_file.exists()
+
+
+def test_a_reused_pid_unreadable_lock_and_another_host(tmp_path):
+    import os
+
+    run = RunDir(tmp_path / "run")
+    write_lock(run, pid=os.getppid(), start="1")  # the pid runs, but started at another time
+    run.acquire_lock((warnings := []).append)
+    assert len(warnings) == 1
+    run.release_lock()
+    run.lock_file.write_text("")  # a crash between creating the lock and writing it
+    os.utime(run.lock_file, (0, 0))
+    run.acquire_lock(warnings.append)
+    assert "an unreadable lock" in warnings[-1]
+    run.release_lock()
+    write_lock(run, pid=dead_pid(), host="elsewhere")  # cannot be checked from here: never taken over
+    with pytest.raises(ScaleLongError, match="pid .* on host elsewhere .* delete .*\\.lock") as info:
+        run.acquire_lock()
+    assert "\n" not in str(info.value)
+    write_lock(run, pid=os.getpid() + 10**6)  # releasing never removes another process's lock
+    run._locked = True
+    run.release_lock()
+    assert run.lock_file.exists()
+
+
+def test_a_file_in_the_way_of_the_run_directory(tmp_path):
+    (tmp_path / "out").write_text("a file")
+    for path in (tmp_path / "out", tmp_path / "out" / "run"):
+        with pytest.raises(ScaleLongError, match="is a file, not a folder"):
+            with RunDir(path).writing():
+                pass
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["out"]
+
+
+def test_a_folder_that_holds_no_run_is_never_overwritten(tmp_path):
+    cfg = load_config(None, [*TINY, f"out_dir={tmp_path}", "name=photos"])
+    run = RunDir(cfg.run_dir)
+    run.path.mkdir()
+    for name in ("metrics.jsonl", "report/loss.png", "holiday.jpg"):  # names scalelong also uses
+        (run.path / name).parent.mkdir(exist_ok=True)
+        (run.path / name).write_text(name)
+    for overwrite in (False, True):
+        with run.writing(), pytest.raises(ScaleLongError, match="holds no run .* replaces runs only"):
+            run.prepare(cfg, overwrite=overwrite)
+    assert sorted(str(p.relative_to(run.path)) for p in run.path.rglob("*")) == [
+        "holiday.jpg",
+        "metrics.jsonl",
+        "report",
+        "report/loss.png",
+    ]

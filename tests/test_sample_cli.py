@@ -9,12 +9,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from safetensors.torch import save_file
 
 from scalelong.build import build_model
-from scalelong.checkpoint import step_dir_name
+from scalelong.checkpoint import save_checkpoint
 from scalelong.cli import main
-from scalelong.config import load_config, save_config
+from scalelong.config import config_to_dict, load_config, save_config
 from scalelong.evaluation import TrainingEvaluator
 from scalelong.runs import RunDir
 
@@ -34,13 +33,11 @@ TINY = [
 ]
 
 
-def write_checkpoint(run_dir: Path, cfg, step: int) -> None:
+def write_checkpoint(run_dir: Path, cfg, step: int) -> Path:
+    """A weights-only checkpoint (as ``save_checkpoint`` writes it, checksums included)."""
     torch.manual_seed(step)
-    state = {k: v.contiguous() for k, v in build_model(cfg.model).state_dict().items()}
-    folder = run_dir / "checkpoints" / step_dir_name(step)
-    folder.mkdir(parents=True)
-    save_file(state, folder / "ema.safetensors")
-    save_file(state, folder / "model.safetensors")
+    model = build_model(cfg.model)
+    return save_checkpoint(run_dir / "checkpoints", step, model, model, config_to_dict(cfg))
 
 
 @pytest.fixture()
@@ -153,3 +150,91 @@ def test_eval_config_validation() -> None:
         load_config(None, ["eval.sampler=heun"])
     with pytest.raises(ScaleLongError, match="eval.metric"):
         load_config(None, ["eval.metric=is"])
+
+
+def flip_one_bit(file: Path) -> None:
+    data = bytearray(file.read_bytes())
+    data[-5] ^= 0x04  # inside the last tensor: still a valid safetensors file, one weight changed
+    file.write_bytes(bytes(data))
+
+
+def truncate(file: Path) -> None:
+    file.write_bytes(file.read_bytes()[:500])
+
+
+def only_line(text: str, start: str) -> str:
+    lines = [line for line in text.splitlines() if line.startswith(start)]
+    assert len(lines) == 1, text
+    return lines[0]
+
+
+@pytest.mark.parametrize("damage", [flip_one_bit, truncate])
+def test_sample_and_eval_fall_back_from_damaged_newest_weights(run, tmp_path, capsys, damage) -> None:
+    newest = write_checkpoint(run.run_dir, run, 20)
+    damage(newest / "ema.safetensors")
+    rc, out, err = cli(capsys, "sample", run.run_dir, "--n", 3, "--out", tmp_path / "latest")
+    assert rc == 0, err
+    warning = only_line(out, "warning:")
+    assert "step-000020 is damaged (ema.safetensors" in warning and "using step-000010" in warning
+    assert "from " in out and out.strip().endswith(f"in {tmp_path / 'latest'}") and "step-000010" in out
+    rc, _, _ = cli(capsys, "sample", run.run_dir, "--n", 3, "--out", tmp_path / "ten", "--step", 10)
+    latest, ten = (np.load(tmp_path / d / "samples.npz")["images"] for d in ("latest", "ten"))
+    np.testing.assert_array_equal(latest, ten)  # the intact checkpoint's images, not the damaged one's
+
+    rc, out, err = cli(capsys, "eval", run.run_dir, "--n", 8, "--metric", "fd-mnist", "--steps", 2)
+    assert rc == 0, err
+    assert "using step-000010" in only_line(out, "warning:") and "step-000010, 8 samples" in out
+    (result,) = [json.loads(p.read_text()) for p in (run.run_dir / "eval").iterdir()]
+    assert result["checkpoint"] == "step-000010"
+
+    rc, _, err = cli(capsys, "sample", run.run_dir, "--n", 3, "--out", tmp_path / "x", "--step", 20)
+    line = only_line(err, "error:")
+    assert (
+        rc == 2
+        and "step-000020 is damaged" in line
+        and "choose another --step (available: step-000010)" in line
+    )
+    damage(run.run_dir / "checkpoints" / "step-000010" / "ema.safetensors")
+    for argv in (
+        ["sample", "--n", 3, "--out", tmp_path / "none"],
+        ["eval", "--n", 8, "--metric", "fd-mnist"],
+    ):
+        rc, out, err = cli(capsys, argv[0], run.run_dir, *argv[1:])
+        line = only_line(err, "error:")
+        assert rc == 2 and "Traceback" not in err and "warning:" not in out
+        assert "every checkpoint in" in line and "step-000020: ema" in line and "step-000010: ema" in line
+    assert not (tmp_path / "none").exists() and not (tmp_path / "x").exists()
+    assert len(list((run.run_dir / "eval").iterdir())) == 1
+
+
+def test_readers_never_write_into_a_run_another_process_trains(run, tmp_path, capsys) -> None:
+    import os
+    import socket
+
+    lock = {"pid": os.getppid(), "host": socket.gethostname(), "start": None, "since": "now"}
+    (run.run_dir / ".lock").write_text(json.dumps(lock))  # a live process of this host writes the run
+    before = sorted(run.run_dir.rglob("*"))
+    rc, out, err = cli(capsys, "eval", run.run_dir, "--n", 8, "--metric", "fd-mnist", "--steps", 2)
+    assert rc == 0, err
+    assert f"pid {os.getppid()}" in only_line(out, "warning:") and "not saved" in out
+    assert out.strip().splitlines()[-1].startswith("fd-mnist ")
+    rc, _, err = cli(capsys, "sample", run.run_dir, "--n", 2, "--out", run.run_dir / "mine")
+    assert rc == 2 and "another process writes; choose another --out" in only_line(err, "error:")
+    (run.run_dir / "metrics.jsonl").write_text('{"step": 1, "loss": 0.5}\n')
+    rc = main(["analyze", str(run.run_dir)])
+    assert rc == 2 and "pass --out FOLDER" in only_line(capsys.readouterr().err, "error:")
+    assert sorted(run.run_dir.rglob("*")) == [*before, run.run_dir / "metrics.jsonl"]
+    assert main(["analyze", str(run.run_dir), "--out", str(tmp_path / "plots")]) == 0
+    assert (tmp_path / "plots" / "loss.png").is_file()
+
+
+def test_bad_sample_and_eval_inputs_are_one_line_and_write_nothing(run, tmp_path, capsys) -> None:
+    (tmp_path / "a-file").write_text("not a folder")
+    for out in (tmp_path / "a-file", tmp_path / "a-file" / "below"):
+        rc, _, err = cli(capsys, "sample", run.run_dir, "--n", 2, "--out", out)
+        assert rc == 2 and "is a file, not a folder; choose another --out" in only_line(err, "error:")
+    np.savez(tmp_path / "nan.npz", mu=np.full(128, np.nan), sigma=np.eye(128), metric=np.array("fd-mnist"))
+    rc, out, err = cli(capsys, "eval", run.run_dir, "--n", 8, "--fid-stats", tmp_path / "nan.npz")
+    assert rc == 2 and "NaN or infinite statistics" in only_line(err, "error:") and "nan" not in out
+    assert not (run.run_dir / "eval").exists()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a-file", "nan.npz", "tiny"]

@@ -5,11 +5,13 @@ Runs go through subprocesses with one thread each, so the straight run and the r
 compute in the same environment and their weights can be compared bit for bit.
 """
 
+import hashlib
 import json
 import math
 import os
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -149,23 +151,47 @@ def test_sigkill_after_step_6_then_resume_is_bitwise_exact(workdir):
     proc.send_signal(signal.SIGKILL)
     proc.wait()
     assert not (run / "checkpoints" / "step-000012").exists()
+    assert json.loads((run / ".lock").read_text())["pid"] == proc.pid  # a kill -9 leaves its lock
     out = cli("name=killed", cwd=workdir)  # the same command resumes
     assert out.returncode == 0, out.stderr
     assert "resuming" in out.stdout and "step-000006" in out.stdout
+    takeover = [line for line in out.stdout.splitlines() if line.startswith("warning:")]
+    assert len(takeover) == 1 and f"pid {proc.pid} on host" in takeover[0] and "no longer runs" in takeover[0]
+    assert not (run / ".lock").exists()
     assert_bitwise_equal(final_state(workdir / "runs" / "straight"), final_state(run))
     # the metrics read as one run: every logged step once
     steps = [r["step"] for r in map(json.loads, (run / "metrics.jsonl").read_text().splitlines())]
     assert steps == [3, 6, 9, 12]
 
 
+def copy_run(workdir: Path, name: str) -> Path:
+    """A copy of the straight 12-step run under another name."""
+    run = workdir / "runs" / name
+    shutil.copytree(workdir / "runs" / "straight", run)
+    config = yaml.safe_load((run / "config.yaml").read_text())
+    config["name"] = name
+    (run / "config.yaml").write_text(yaml.safe_dump(config))
+    return run
+
+
+def tree(root: Path) -> dict[str, bytes]:
+    """Every file under ``root`` with its content."""
+    return {str(p.relative_to(root)): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()}
+
+
+def garbage_with_matching_checksums(checkpoint: Path, name: str) -> None:
+    """Replace a file of a checkpoint by garbage and update meta.json to vouch for it."""
+    data = b"\x80\x02 this is not a torch file" * 8
+    (checkpoint / name).write_bytes(data)
+    meta = json.loads((checkpoint / "meta.json").read_text())
+    meta["files"][name] = {"bytes": len(data), "sha256": hashlib.sha256(data).hexdigest()}
+    (checkpoint / "meta.json").write_text(json.dumps(meta))
+
+
 @pytest.mark.slow
 def test_truncated_newest_checkpoint_falls_back_to_the_one_before(workdir):
     straight = workdir / "runs" / "straight"
-    run = workdir / "runs" / "damaged"
-    shutil.copytree(straight, run)
-    config = yaml.safe_load((run / "config.yaml").read_text())
-    config["name"] = "damaged"
-    (run / "config.yaml").write_text(yaml.safe_dump(config))
+    run = copy_run(workdir, "damaged")
     weights = run / "checkpoints" / "step-000012" / "model.safetensors"
     weights.write_bytes(weights.read_bytes()[:1000])
     out = cli("name=damaged", cwd=workdir)
@@ -203,6 +229,9 @@ def test_sigterm_exits_2_and_leaves_the_last_complete_checkpoint(workdir):
     assert err.strip().count("\n") == 0 and "interrupted at step 6" in err
     assert [p.name for p in (run / "checkpoints").iterdir()] == ["step-000006"]
     assert checkpoint_problem(run / "checkpoints" / "step-000006") is None
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["status"] == "interrupted" and summary["steps"] == 6 and "interrupted" in summary["error"]
+    assert not (run / ".lock").exists()
 
 
 def test_keep_last_k_and_refuse_nonfinite(tmp_path):
@@ -233,3 +262,111 @@ def test_tracker_truncates_on_resume_and_skips_missing_tensorboard(tmp_path, mon
     records = run.metrics()
     assert [r["step"] for r in records] == [2, 4, 6] and math.isnan(records[-1]["loss"])
     assert run.metrics_file.read_text().splitlines()[-1] == '{"step": 6, "loss": "nan"}'  # JSON has no NaN
+
+
+@pytest.mark.slow
+def test_garbage_trainer_pt_with_matching_checksums_falls_back(workdir):
+    run = copy_run(workdir, "garbage")
+    garbage_with_matching_checksums(run / "checkpoints" / "step-000012", "trainer.pt")
+    out = cli("name=garbage", cwd=workdir)
+    assert out.returncode == 0, out.stderr
+    warnings = [line for line in out.stdout.splitlines() if line.startswith("warning:")]
+    assert len(warnings) == 1 and "step-000012" in warnings[0] and "trainer.pt does not load" in warnings[0]
+    assert "resuming" in out.stdout and "from step-000006" in out.stdout
+    assert_bitwise_equal(final_state(workdir / "runs" / "straight"), final_state(run))
+
+
+def in_process(capsys, *args: str) -> tuple[int, str, str]:
+    """``scalelong train config.yaml --no-progress ARGS`` in this process (for runs that do not train)."""
+    code = main(["train", "config.yaml", "--no-progress", *args])
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+@pytest.mark.slow
+def test_every_checkpoint_damaged_stops_in_one_line_and_deletes_nothing(workdir, monkeypatch, capsys):
+    monkeypatch.chdir(workdir)
+    run = copy_run(workdir, "ruined")
+    (run / "notes.txt").write_text("the user's own file")
+    garbage_with_matching_checksums(run / "checkpoints" / "step-000006", "trainer.pt")
+    weights = run / "checkpoints" / "step-000012" / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[:1000])
+    before = tree(run)
+    for args in ((), ("--resume",)):
+        code, out, err = in_process(capsys, "name=ruined", *args)
+        assert code == 2 and "Traceback" not in err
+        lines = err.strip().splitlines()
+        assert len(lines) == 1 and lines[0].startswith("error: every checkpoint in"), err
+        assert "step-000012: model.safetensors is truncated" in lines[0]
+        assert "step-000006: trainer.pt does not load" in lines[0] and "--overwrite" in lines[0]
+        assert "warning:" not in out and "resuming" not in out
+        assert tree(run) == before  # no restart, nothing deleted, no lock left
+
+
+@pytest.mark.slow
+def test_rerun_after_a_kill_behind_the_last_checkpoint_writes_the_summary(workdir):
+    run = copy_run(workdir, "nosummary")
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["status"] == "complete" and summary["steps"] == 12
+    (run / "summary.json").unlink()  # killed after its final checkpoint, before the summary
+    out = cli("name=nosummary", cwd=workdir)
+    assert out.returncode == 0, out.stderr
+    assert "complete at step 12" in out.stdout
+    assert json.loads((run / "summary.json").read_text()) == summary
+
+
+@pytest.mark.slow
+def test_torn_metrics_line_empty_config_and_half_removed_checkpoint_resume(workdir):
+    run = copy_run(workdir, "torn")
+    shutil.rmtree(run / "checkpoints" / "step-000012")  # killed between steps 9 and 12
+    shutil.copytree(run / "checkpoints" / "step-000006", run / "checkpoints" / ".old-step-000003")
+    with (run / "metrics.jsonl").open("a") as f:
+        f.write('{"step": 13, "lo')  # cut short by the kill
+    (run / "config.yaml").write_text("")  # and the config cut to 0 bytes
+    out = cli("name=torn", cwd=workdir)
+    assert out.returncode == 0, out.stderr
+    warnings = [line for line in out.stdout.splitlines() if line.startswith("warning:")]
+    assert len(warnings) == 2, out.stdout
+    assert "config.yaml is empty; using the config stored in step-000006" in warnings[0]
+    assert "metrics.jsonl: its last line is cut short" in warnings[1]
+    assert "from step-000006" in out.stdout
+    steps = [r["step"] for r in map(json.loads, (run / "metrics.jsonl").read_text().splitlines())]
+    assert steps == [3, 6, 9, 12]
+    assert sorted(p.name for p in (run / "checkpoints").iterdir()) == ["step-000006", "step-000012"]
+    assert yaml.safe_load((run / "config.yaml").read_text())["name"] == "torn"
+    assert_bitwise_equal(final_state(workdir / "runs" / "straight"), final_state(run))
+
+
+@pytest.mark.slow
+def test_two_trainers_on_one_run_one_clear_refusal_and_an_intact_run(workdir, monkeypatch, capsys):
+    """Both start at once; the one that gets the lock waits after its step-6 checkpoint, so the
+    other always finds it busy. The refused one changes nothing, --overwrite included."""
+    procs = [start_hanging("twice", workdir) for _ in range(2)]
+    run = workdir / "runs" / "twice"
+    end = time.monotonic() + 240
+    while all(p.poll() is None for p in procs):
+        assert time.monotonic() < end, "neither trainer ended"
+        time.sleep(0.2)
+    refused = next(p for p in procs if p.poll() is not None)
+    holder = next(p for p in procs if p is not refused)
+    out, err = refused.communicate()
+    assert refused.returncode == 2 and "Traceback" not in err, err
+    lines = err.strip().splitlines()
+    assert len(lines) == 1, err
+    assert f"is being trained by pid {holder.pid} on host {socket.gethostname()}" in lines[0]
+    wait_for(run / "checkpoints" / "step-000006", holder)
+    before = tree(run)
+    monkeypatch.chdir(workdir)
+    for args in ((), ("--overwrite",)):  # a third trainer, in this process
+        code, _, err = in_process(capsys, "name=twice", *args)
+        assert code == 2 and f"pid {holder.pid}" in err
+        assert err.count("\n") == 1 and "Traceback" not in err
+        assert tree(run) == before
+    holder.send_signal(signal.SIGTERM)
+    holder.communicate(timeout=60)
+    assert holder.returncode == 2 and not (run / ".lock").exists()
+    out = cli("name=twice", cwd=workdir)
+    assert out.returncode == 0, out.stderr
+    steps = [r["step"] for r in map(json.loads, (run / "metrics.jsonl").read_text().splitlines())]
+    assert steps == [3, 6, 9, 12]  # each step logged once
+    assert_bitwise_equal(final_state(workdir / "runs" / "straight"), final_state(run))

@@ -8,7 +8,7 @@ from torch.utils.data import Dataset
 
 from scalelong.adapters.diffusers import build_diffusers_unet2d
 from scalelong.config import Config, DataConfig, DiffusionConfig, ModelConfig, resolved_kappa
-from scalelong.data import load_dataset
+from scalelong.data import check_batches, load_dataset
 from scalelong.diffusion import VPSDE, DiscreteDDPM, Schedule
 from scalelong.errors import ScaleLongError
 from scalelong.models import UNet, UViT
@@ -42,9 +42,10 @@ def build_schedule(cfg: DiffusionConfig) -> Schedule:
     )
 
 
-def build_dataset(cfg: DataConfig) -> Dataset:
-    """The dataset the config names; a wrong path or a damaged file is a one-line ScaleLongError."""
-    return load_dataset(cfg.name, cfg.path, cfg.split, cfg.resolution, cfg.channels)
+def build_dataset(cfg: DataConfig, check: bool = True) -> Dataset:
+    """The dataset the config names; a wrong path or a damaged file is a one-line ScaleLongError
+    (``check``: every image file is decoded first, see :func:`scalelong.data.load_dataset`)."""
+    return load_dataset(cfg.name, cfg.path, cfg.split, cfg.resolution, cfg.channels, check)
 
 
 def model_input_shape(cfg: ModelConfig) -> tuple[int, int, int]:
@@ -58,7 +59,10 @@ def model_input_shape(cfg: ModelConfig) -> tuple[int, int, int]:
     return (u.in_channels, u.img_size, u.img_size)
 
 
-def check_data_fits_model(cfg: Config, dataset: Dataset) -> None:
+def check_data_fits_model(cfg: Config, dataset: Dataset, world_size: int = 1) -> None:
+    """A ScaleLongError unless the dataset's images have the model's input shape and the data fills
+    one global batch that splits over ``world_size`` processes (checked before a run touches disk)."""
+    check_batches(len(dataset), cfg.train.batch_size, world_size)
     image = dataset[0][0]
     expected = model_input_shape(cfg.model)
     if tuple(image.shape) != expected:

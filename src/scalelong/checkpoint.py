@@ -9,29 +9,38 @@ Layout of ``checkpoints/step-000500/``::
     meta.json           step, format, the resolved config, size and sha256 of every file above
 
 A checkpoint is written into ``.tmp-step-000500`` and renamed when complete, so a crash never
-leaves a half-written folder under the final name; ``meta.json`` is written last and its
-checksums let :func:`find_resumable` skip a checkpoint that was damaged afterwards. The run
-directory around the checkpoints is :mod:`scalelong.runs`.
+leaves a half-written folder under the final name; ``meta.json`` is written last. Every load
+verifies the bytes it reads against ``meta.json`` (size and sha256) before it uses them
+(:func:`read_verified`), and a file that does not check out, or does not load, raises
+:class:`DamagedCheckpoint`, so callers can fall back to the checkpoint before
+(:func:`load_newest`). Old checkpoints are removed by renaming them to ``.old-step-...`` first,
+so a removal cut short never leaves a half-deleted ``step-`` folder. The run directory around
+the checkpoints is :mod:`scalelong.runs`.
 """
 
 from __future__ import annotations
 
 import hashlib
+import io
 import json
 import os
 import shutil
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import torch
-from safetensors.torch import load_file, save_file
+from safetensors.torch import load as load_safetensors_bytes
+from safetensors.torch import save_file
 from torch import nn
 
 from scalelong.errors import ScaleLongError
 
+T = TypeVar("T")
+
 FORMAT = 1
-TMP_PREFIX = ".tmp-"
+TMP_PREFIX = ".tmp-"  # a checkpoint being written
+OLD_PREFIX = ".old-"  # a checkpoint being removed
 WEIGHTS = ("model.safetensors", "ema.safetensors")
 TRAINING_STATE = ("optimizer.pt", "trainer.pt")  # what a resume needs besides the weights
 
@@ -107,15 +116,27 @@ def save_checkpoint(
         meta = {"format": FORMAT, "step": step, "files": files, "config": config}
         (tmp / "meta.json").write_text(json.dumps(meta, indent=1))
         if final.exists():  # e.g. re-written after resuming from an older checkpoint
-            shutil.rmtree(final)
+            remove_checkpoint(final)
         os.replace(tmp, final)
     except BaseException:  # interrupted or failed: leave no partial folder behind
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     if keep > 0:
-        for old in list_checkpoints(root)[:-keep]:
-            shutil.rmtree(old, ignore_errors=True)
+        # Only checkpoints up to this step count: newer ones, left from before a resume that fell
+        # back to an older checkpoint, stay until this run writes their steps again.
+        done = [p for p in list_checkpoints(root) if p.name <= final.name]
+        for old in done[:-keep]:
+            remove_checkpoint(old)
     return final
+
+
+def remove_checkpoint(path: Path) -> None:
+    """Remove a checkpoint folder: renamed to ``.old-...`` first (atomic), then deleted, so it is
+    never seen half-deleted under its ``step-`` name."""
+    gone = path.with_name(f"{OLD_PREFIX}{path.name}")
+    shutil.rmtree(gone, ignore_errors=True)
+    os.replace(path, gone)
+    shutil.rmtree(gone, ignore_errors=True)
 
 
 def list_checkpoints(root: Path) -> list[Path]:
@@ -126,68 +147,148 @@ def list_checkpoints(root: Path) -> list[Path]:
 
 
 def remove_partial(root: Path) -> None:
-    """Delete temporary folders left by a save that was killed mid-way."""
+    """Delete the folders left by a save or a removal that was killed mid-way."""
     if root.is_dir():
         for p in root.iterdir():
-            if p.name.startswith(TMP_PREFIX):
+            if p.name.startswith((TMP_PREFIX, OLD_PREFIX)):
                 shutil.rmtree(p, ignore_errors=True)
+
+
+# ----------------------------------------------------------------------------- verified reading
+
+
+class DamagedCheckpoint(ScaleLongError):
+    """A checkpoint file fails its checksum, is missing or truncated, or does not load.
+
+    ``path`` is the checkpoint folder, ``problem`` says what is wrong in a few words."""
+
+    def __init__(self, path: Path, problem: str):
+        super().__init__(f"checkpoint {path} is damaged ({problem})")
+        self.path, self.problem = Path(path), problem
+
+
+def _first_line(e: BaseException) -> str:
+    text = str(e).strip()
+    return f"{type(e).__name__}: {text.splitlines()[0] if text else ''}".rstrip(": ")
+
+
+def read_meta(path: Path) -> dict:
+    """``meta.json`` of a checkpoint folder; missing or unreadable raises :class:`DamagedCheckpoint`."""
+    try:
+        meta = json.loads((path / "meta.json").read_text())
+        if not isinstance(meta, dict) or not isinstance(meta["files"], dict):
+            raise TypeError("not a checkpoint's meta.json")
+    except FileNotFoundError:
+        raise DamagedCheckpoint(path, "meta.json is missing") from None
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        raise DamagedCheckpoint(path, f"meta.json is unreadable, {_first_line(e)}") from None
+    return meta
+
+
+def read_verified(path: Path, name: str, meta: dict | None = None) -> bytes:
+    """The bytes of file ``name`` of the checkpoint folder ``path``, after checking their size and
+    sha256 against ``meta.json``: what is checked is exactly what is then loaded."""
+    info = (meta or read_meta(path))["files"].get(name)
+    if not isinstance(info, dict):
+        raise DamagedCheckpoint(path, f"{name} is not part of it")
+    try:
+        data = (path / name).read_bytes()
+    except FileNotFoundError:
+        raise DamagedCheckpoint(path, f"{name} is missing") from None
+    except OSError as e:
+        raise DamagedCheckpoint(path, f"{name} cannot be read, {_first_line(e)}") from None
+    if len(data) != info.get("bytes"):
+        raise DamagedCheckpoint(path, f"{name} is truncated ({len(data):,} of {info.get('bytes'):,} bytes)")
+    if hashlib.sha256(data).hexdigest() != info.get("sha256"):
+        raise DamagedCheckpoint(path, f"{name} fails its checksum")
+    return data
 
 
 def checkpoint_problem(path: Path) -> str | None:
     """Why the checkpoint folder cannot be resumed from, or None when every file checks out."""
     try:
-        meta = json.loads((path / "meta.json").read_text())
-        files = meta["files"]
-    except (OSError, ValueError, KeyError, TypeError) as e:
-        return f"meta.json is missing or unreadable ({type(e).__name__})"
-    for name in WEIGHTS + TRAINING_STATE:
-        if name not in files:
-            return f"{name} is not part of it (a weights-only checkpoint)"
-    for name, info in files.items():
-        file = path / name
-        if not file.is_file():
-            return f"{name} is missing"
-        if file.stat().st_size != info["bytes"]:
-            return f"{name} is truncated ({file.stat().st_size:,} of {info['bytes']:,} bytes)"
-        if _sha256(file) != info["sha256"]:
-            return f"{name} fails its checksum"
+        meta = read_meta(path)
+        for name in WEIGHTS + TRAINING_STATE:
+            if name not in meta["files"]:
+                return f"{name} is not part of it (a weights-only checkpoint)"
+        for name in meta["files"]:
+            read_verified(path, name, meta)
+    except DamagedCheckpoint as e:
+        return e.problem
     return None
 
 
-def find_resumable(root: Path, warn: Callable[[str], None] = print) -> Path | None:
-    """The newest checkpoint that passes :func:`checkpoint_problem`; each one skipped is reported
-    in one line through ``warn``."""
-    for path in reversed(list_checkpoints(root)):
-        problem = checkpoint_problem(path)
-        if problem is None:
-            return path
-        warn(f"warning: checkpoint {path} is damaged ({problem}); trying the one before")
-    return None
+def load_newest(
+    checkpoints: list[Path],
+    load: Callable[[Path], T],
+    warn: Callable[[str], None] = print,
+    advice: str = "",
+) -> tuple[Path, T]:
+    """``(path, load(path))`` for the newest of ``checkpoints`` (oldest first, as
+    :func:`list_checkpoints` gives them) that loads.
+
+    A :class:`DamagedCheckpoint` moves on to the one before; once one loads, each one skipped is
+    reported in one ``warning:`` line through ``warn``. When none loads, one ScaleLongError lists
+    them all, followed by ``advice`` (what the user can do)."""
+    problems: list[DamagedCheckpoint] = []
+    for path in reversed(checkpoints):
+        try:
+            loaded = load(path)
+        except DamagedCheckpoint as e:
+            problems.append(e)
+            continue
+        for e in problems:
+            warn(f"warning: {e}; using {path.name}")
+        return path, loaded
+    if not checkpoints:
+        raise ScaleLongError(f"no checkpoint to load{advice}")
+    listed = "; ".join(f"{e.path.name}: {e.problem}" for e in problems)
+    raise ScaleLongError(f"every checkpoint in {checkpoints[0].parent} is damaged ({listed}){advice}")
+
+
+def _torch_load(path: Path, name: str, meta: dict) -> Any:
+    try:
+        return torch.load(io.BytesIO(read_verified(path, name, meta)), map_location="cpu", weights_only=True)
+    except DamagedCheckpoint:
+        raise
+    except Exception as e:  # the checksums match but the file does not load
+        raise DamagedCheckpoint(path, f"{name} does not load, {_first_line(e)}") from None
+
+
+def _safetensors_load(path: Path, name: str, meta: dict) -> dict[str, torch.Tensor]:
+    data = read_verified(path, name, meta)
+    try:
+        return load_safetensors_bytes(data)
+    except Exception as e:  # safetensors raises several types for a damaged file
+        raise DamagedCheckpoint(path, f"{name} does not load, {_first_line(e)}") from None
 
 
 def load_training_state(path: Path) -> dict:
-    """Everything :func:`save_checkpoint` wrote: model, ema, optimizer, trainer, step (on the CPU)."""
-    try:
-        return {
-            "step": json.loads((path / "meta.json").read_text())["step"],
-            "model": load_file(path / "model.safetensors"),
-            "ema": load_file(path / "ema.safetensors"),
-            "optimizer": torch.load(path / "optimizer.pt", map_location="cpu", weights_only=True),
-            "trainer": torch.load(path / "trainer.pt", map_location="cpu", weights_only=True),
-        }
-    except Exception as e:  # damaged after it was verified, or written by an incompatible version
-        raise ScaleLongError(f"cannot load checkpoint {path} ({type(e).__name__}: {e})") from None
+    """Everything :func:`save_checkpoint` wrote: model, ema, optimizer, trainer, step (on the CPU),
+    each file verified; a damaged or weights-only checkpoint raises :class:`DamagedCheckpoint`."""
+    meta = read_meta(path)
+    for name in WEIGHTS + TRAINING_STATE:
+        if name not in meta["files"]:
+            raise DamagedCheckpoint(path, f"{name} is not part of it (a weights-only checkpoint)")
+    state = {
+        "step": meta.get("step"),
+        "model": _safetensors_load(path, "model.safetensors", meta),
+        "ema": _safetensors_load(path, "ema.safetensors", meta),
+        "optimizer": _torch_load(path, "optimizer.pt", meta),
+        "trainer": _torch_load(path, "trainer.pt", meta),
+    }
+    for name in ("optimizer", "trainer"):
+        if not isinstance(state[name], dict):
+            raise DamagedCheckpoint(path, f"{name}.pt holds a {type(state[name]).__name__}, not a dict")
+    return state
 
 
-def load_weights(path: Path, module: nn.Module) -> None:
-    """Load a safetensors file into ``module``; a missing or corrupt file is a user error."""
-    if not path.is_file():
-        raise ScaleLongError(f"checkpoint file not found: {path}")
-    try:
-        state = load_file(path)
-    except Exception as e:  # safetensors raises several types for a damaged file
-        raise ScaleLongError(f"checkpoint file {path} is corrupt or truncated ({e})") from e
-    load_state(module, state, str(path))
+def load_weights(path: Path, name: str, module: nn.Module) -> None:
+    """Load the verified safetensors file ``name`` of the checkpoint folder ``path`` into ``module``.
+
+    A damaged file raises :class:`DamagedCheckpoint`; weights that do not fit the model a
+    ScaleLongError."""
+    load_state(module, _safetensors_load(path, name, read_meta(path)), str(path / name))
 
 
 def load_state(module: nn.Module, state: dict[str, torch.Tensor], source: str) -> None:

@@ -144,7 +144,25 @@ def cmd_eval(args: argparse.Namespace) -> int:
 
 
 def _step_arg(value: str) -> int | str:
-    return value if value in ("latest", "best") else int(value)
+    if value in ("latest", "best"):
+        return value
+    return _count(0)(value)
+
+
+def _count(minimum: int):
+    """An argparse type: an integer >= ``minimum`` (a bad value is argparse's one-line error)."""
+
+    def parse(value: str) -> int:
+        try:
+            number = int(value)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected an integer, got {value!r}") from None
+        if number < minimum:
+            raise argparse.ArgumentTypeError(f"must be >= {minimum}, got {number}")
+        return number
+
+    parse.__name__ = f"integer >= {minimum}"
+    return parse
 
 
 def _add_sampling_commands(sub) -> None:
@@ -158,17 +176,19 @@ def _add_sampling_commands(sub) -> None:
     def checkpoint_args(p: argparse.ArgumentParser) -> None:
         p.add_argument("run_dir", help="run directory written by `scalelong train`, e.g. runs/demo")
         p.add_argument("--sampler", choices=SAMPLER_NAMES, help="default: the run's config")
-        p.add_argument("--steps", type=int, help="sampler steps; default: the run's config")
+        p.add_argument("--steps", type=_count(1), help="sampler steps; default: the run's config")
         p.add_argument("--step", type=_step_arg, help="checkpoint step, 'latest' (default) or 'best'")
-        p.add_argument("--batch-size", type=int, help="images per network batch")
+        p.add_argument("--batch-size", type=_count(1), help="images per network batch")
 
     inception = "local pt_inception-2015-12-05 weights (offline machines); default: pytorch-fid's download"
     p = sub.add_parser("sample", help="draw images from a run's EMA weights", description=sample_doc)
     checkpoint_args(p)
-    p.add_argument("--n", type=int, required=True, help="number of images")
+    p.add_argument("--n", type=_count(1), required=True, help="number of images")
     p.add_argument("--out", required=True, help="folder for the PNGs and samples.npz")
     p.add_argument("--seed", type=int, default=0, help="image i is drawn from seed + i")
-    p.add_argument("--label", type=int, help="class of every image (class-conditional runs); default: cycle")
+    p.add_argument(
+        "--label", type=_count(0), help="class of every image (class-conditional runs); default: cycle"
+    )
     p.add_argument("--weights", default="ema", choices=("ema", "model"), help="EMA (default) or raw weights")
     p.add_argument("--prompt", action="append", help="text-to-image runs: a caption (repeatable)")
     p.add_argument("--prompts-file", help="text-to-image runs: captions, one per line")
@@ -189,8 +209,8 @@ def _add_sampling_commands(sub) -> None:
     p.add_argument("--out", required=True, help="statistics file to write, e.g. stats/cifar10.npz")
     p.add_argument("--metric", default="fid", choices=METRIC_NAMES)
     p.add_argument("--inception-weights", help=inception)
-    p.add_argument("--limit", type=int, help="use only the first N images")
-    p.add_argument("--batch-size", type=int, default=250)
+    p.add_argument("--limit", type=_count(1), help="use only the first N images")
+    p.add_argument("--batch-size", type=_count(1), default=250)
     common(p)
     p.set_defaults(func=cmd_fid_stats)
 
@@ -200,7 +220,9 @@ def _add_sampling_commands(sub) -> None:
         description="Sample N images from a checkpoint's EMA weights and compute their Fréchet distance.",
     )
     checkpoint_args(p)
-    p.add_argument("--n", type=int, default=10000, help="number of samples (the recipe: 10k, final 50k)")
+    p.add_argument(
+        "--n", type=_count(2), default=10000, help="number of samples (the recipe: 10k, final 50k)"
+    )
     p.add_argument("--fid-stats", help="reference statistics from `scalelong fid-stats` (read first)")
     p.add_argument("--metric", choices=METRIC_NAMES, help="default: the run's eval.metric")
     p.add_argument("--inception-weights", help=inception)
@@ -237,7 +259,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--num-processes",
-        type=int,
+        type=_count(1),
         default=1,
         help="train on N processes of this machine (GPUs, or CPU with gloo)",
     )
@@ -264,8 +286,6 @@ def cmd_compare(args: argparse.Namespace) -> int:
     methods = parse_methods(args.methods)
     overrides = list(args.overrides) + ([f"train.steps={args.steps}"] if args.steps else [])
     cfg = load_config(args.config, overrides)
-    if args.seeds < 1:
-        raise ScaleLongError(f"--seeds must be >= 1, got {args.seeds}")
     # Beside, not inside, the single-run folder of the same name: train --overwrite must not delete it.
     report_dir = Path(cfg.out_dir) / f"{cfg.name}-compare" if args.out is None else Path(args.out)
     report, table = run_comparison(cfg, methods, args.seeds, report_dir, progress=not args.no_progress)
@@ -282,11 +302,14 @@ def cmd_compare(args: argparse.Namespace) -> int:
 
 def cmd_analyze(args: argparse.Namespace) -> int:
     from scalelong.plots import load_metrics, write_plots
-    from scalelong.runs import RunDir
+    from scalelong.runs import RunDir, writer_of
 
     run = RunDir(args.run_dir)
     records = load_metrics(run)
     out = Path(args.out) if args.out else run.report_dir
+    writer = writer_of(out)
+    if writer is not None:  # a run in training: its folder is the trainer's
+        raise ScaleLongError(f"{out} lies in {writer}, which another process writes; pass --out FOLDER")
     paths = write_plots({run.name: records}, out)
     for path in paths:
         print(path)
@@ -303,8 +326,10 @@ def _add_study_commands(sub) -> None:
     )
     _add_config_args(p)
     p.add_argument("--methods", default="none,sqrt2,cs,ls", help="comma-separated; the first is the baseline")
-    p.add_argument("--steps", type=int, default=0, help="training steps per run (default: the config's)")
-    p.add_argument("--seeds", type=int, default=1, help="seeds per method, from train.seed on")
+    p.add_argument(
+        "--steps", type=_count(0), default=0, help="training steps per run (default: the config's)"
+    )
+    p.add_argument("--seeds", type=_count(1), default=1, help="seeds per method, from train.seed on")
     p.add_argument("--out", default=None, help="report folder (default: <out_dir>/<name>-compare)")
     p.add_argument("--no-progress", action="store_true", help="no progress bars")
     p.set_defaults(func=cmd_compare)
@@ -354,11 +379,16 @@ def _add_t2i_commands(sub) -> None:
     p.add_argument("--out", required=True, help="feature folder to write")
     p.add_argument("--autoencoder", default=T2IConfig.autoencoder, help="hub id or local folder")
     p.add_argument("--text-encoder", default=T2IConfig.text_encoder, help="hub id or local folder")
-    p.add_argument("--resolution", type=int, default=256)
-    p.add_argument("--shard-size", type=int, default=1024)
-    p.add_argument("--batch-size", type=int, default=16)
+    p.add_argument("--resolution", type=_count(1), default=256)
+    p.add_argument("--shard-size", type=_count(1), default=1024)
+    p.add_argument("--batch-size", type=_count(1), default=16)
     p.add_argument("--device", default="auto")
     p.set_defaults(func=cmd_extract_features)
+
+
+def one_line(message: str) -> str:
+    """A message on one line, whatever a library folded into it."""
+    return " ".join(part.strip() for part in message.strip().splitlines() if part.strip())
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -374,7 +404,7 @@ def main(argv: list[str] | None = None) -> int:
         return args.func(args)
     except ScaleLongError as e:
         if int(os.environ.get("RANK", "0")) == 0:  # one line per run, not one per process
-            print(f"error: {e}", file=sys.stderr)
+            print(f"error: {one_line(str(e))}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print("error: interrupted; the run directory holds the last complete checkpoint", file=sys.stderr)

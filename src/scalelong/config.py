@@ -8,6 +8,8 @@ The fully resolved config (every default spelled out) is written to each run dir
 from __future__ import annotations
 
 import dataclasses
+import math
+import os
 import types
 import typing
 from dataclasses import dataclass, field
@@ -234,13 +236,15 @@ def _coerce(value: Any, tp: Any, key: str) -> Any:
             raise ScaleLongError(f"config key {key!r} must be a list, got {value!r}")
         return [_coerce(v, item, f"{key}[{i}]") for i, v in enumerate(value)]
     if tp is float and isinstance(value, (int, float)) and not isinstance(value, bool):
-        return float(value)
+        return _finite(float(value), key)
     if tp is float and isinstance(value, str):
         # PyYAML reads "2e-3" (no dot) as a string; accept any spelling Python reads as a number.
         try:
-            return float(value)
+            number = float(value)
         except ValueError:
             pass
+        else:
+            return _finite(number, key)
     if tp is int and isinstance(value, int) and not isinstance(value, bool):
         return value
     if tp in (str, bool) and isinstance(value, tp):
@@ -248,6 +252,14 @@ def _coerce(value: Any, tp: Any, key: str) -> Any:
     raise ScaleLongError(
         f"config key {key!r} must be of type {_type_name(tp)}, got {value!r} ({type(value).__name__})"
     )
+
+
+def _finite(value: float, key: str) -> float:
+    # No config number means anything as NaN or infinity (an lr of .inf diverges at step 1, a
+    # grad_clip of nan switches clipping off unseen).
+    if not math.isfinite(value):
+        raise ScaleLongError(f"config key {key!r} must be a finite number, got {value}")
+    return value
 
 
 def _from_dict(cls: type, data: dict, prefix: str = "") -> Any:
@@ -300,12 +312,21 @@ def read_yaml(path: str | Path) -> dict:
     try:
         data = yaml.safe_load(path.read_text()) or {}
     except yaml.YAMLError as e:
-        raise ScaleLongError(f"config file {path} is not valid YAML: {e}") from e
+        raise ScaleLongError(
+            f"config file {path} is not valid YAML ({_yaml_problem(e)}); fix the file"
+        ) from e
     except (OSError, UnicodeDecodeError) as e:
         raise ScaleLongError(f"cannot read config file {path}: {e}") from e
     if not isinstance(data, dict):
         raise ScaleLongError(f"config file {path} must hold a mapping at the top level")
     return data
+
+
+def _yaml_problem(e: yaml.YAMLError) -> str:
+    """A YAML error in a few words: what and where (PyYAML's own message spans several lines)."""
+    problem = getattr(e, "problem", None) or str(e).splitlines()[0]
+    mark = getattr(e, "problem_mark", None)
+    return f"{problem} at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else problem
 
 
 def config_from_dict(data: dict) -> Config:
@@ -325,7 +346,19 @@ def config_to_dict(cfg: Config) -> dict:
 
 
 def save_config(cfg: Config, path: str | Path) -> None:
-    Path(path).write_text(yaml.safe_dump(config_to_dict(cfg), sort_keys=False))
+    write_text_atomic(path, yaml.safe_dump(config_to_dict(cfg), sort_keys=False))
+
+
+def write_text_atomic(path: str | Path, text: str) -> None:
+    """Write a text file under a temporary name, then rename it: a kill leaves the old file or the
+    new one, never a cut one."""
+    path = Path(path)
+    tmp = path.with_name(f".{path.name}.tmp")
+    with tmp.open("w") as f:
+        f.write(text)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
 
 
 # ----------------------------------------------------------------------------- validation
@@ -342,6 +375,9 @@ def _positive(key: str, value: float, allow_zero: bool = False) -> None:
 
 
 MODEL_TYPES = ("uvit", "unet", "diffusers_unet2d")
+# Attention memory grows with the square of the tokens: 256x256 patches is far beyond any recipe.
+MAX_UVIT_TOKENS = 256 * 256
+MAX_IMG_SIZE = 4096  # image side of any backbone: a convolution over more is a mistake, not a run
 DATASETS = ("mnist", "cifar10", "celeba64", "imagenet64", "folder", "coco_latents")
 FILE_DATASETS = ("folder", "celeba64", "imagenet64")  # read from image files: data.channels applies
 MIXED_PRECISION = ("no", "fp16", "bf16")
@@ -382,6 +418,15 @@ def validate(cfg: Config) -> None:
     except ScaleLongError as e:
         raise ScaleLongError(f"model.skip: {e}") from None
     _positive("model.skip.ls_reduction", m.skip.ls_reduction)
+    for key, side in (
+        ("uvit.img_size", m.uvit.img_size),
+        ("unet.img_size", m.unet.img_size),
+        ("diffusers_unet2d.sample_size", m.diffusers_unet2d.sample_size),
+    ):
+        if m.type == key.split(".")[0] and side > MAX_IMG_SIZE:
+            raise ScaleLongError(
+                f"model.{key}={side} is larger than {MAX_IMG_SIZE}; use a smaller image size"
+            )
     if m.type == "uvit":
         u = m.uvit
         for key in ("img_size", "patch_size", "in_channels", "embed_dim", "num_heads"):
@@ -395,6 +440,13 @@ def validate(cfg: Config) -> None:
         if u.embed_dim % u.num_heads:
             raise ScaleLongError(
                 f"model.uvit.embed_dim={u.embed_dim} must be divisible by num_heads={u.num_heads}"
+            )
+        tokens = (u.img_size // u.patch_size) ** 2
+        if tokens > MAX_UVIT_TOKENS:
+            raise ScaleLongError(
+                f"model.uvit: img_size={u.img_size} / patch_size={u.patch_size} makes {tokens:,} tokens, "
+                f"more than the {MAX_UVIT_TOKENS:,} attention can hold; use a larger patch_size or a smaller "
+                "image"
             )
     if m.type == "unet":
         _validate_unet(m.unet)
@@ -420,6 +472,7 @@ def validate(cfg: Config) -> None:
         raise ScaleLongError("diffusion: need 0 < beta_min < beta_max")
     o = cfg.optim
     _positive("optim.lr", o.lr)
+    _positive("optim.eps", o.eps)
     _positive("optim.weight_decay", o.weight_decay, allow_zero=True)
     _positive("optim.warmup_steps", o.warmup_steps, allow_zero=True)
     if len(o.betas) != 2 or not all(0 <= b < 1 for b in o.betas):

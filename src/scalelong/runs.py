@@ -5,6 +5,7 @@ shared without the command line that made it::
 
     runs/<name>/
       config.yaml                 the fully resolved config (every default spelled out)
+      .lock                       held by the one process that writes the run: pid, host
       metrics.jsonl               one JSON object per logged step
       tb/                         TensorBoard events
       checkpoints/step-000500/    one checkpoint (see scalelong.checkpoint)
@@ -12,37 +13,68 @@ shared without the command line that made it::
       eval/                       results of `scalelong eval`
       eval_final.json             the best step re-scored at the end of training
       report/                     plots of `scalelong analyze`
-      summary.json                written last: its presence marks a finished run
+      summary.json                written last, on every path that ends a run; its status
+                                  "complete" marks a finished run
 
-:class:`RunDir` names these paths, creates or resumes a run (:meth:`RunDir.prepare`) and reads
-the config, the metrics log (with the best evaluated step) and the checkpoints back;
-:func:`load_model` rebuilds the model of a checkpoint, from the run's config or from the
-config stored in the checkpoint itself.
+:class:`RunDir` names these paths, creates or resumes a run (:meth:`RunDir.writing` takes the
+lock, :meth:`RunDir.prepare` checks the folder) and reads the config, the metrics log (with the
+best evaluated step) and the checkpoints back; :func:`load_model` rebuilds the model of a
+checkpoint, from the run's config or from the config stored in the checkpoint itself.
+
+What is promised:
+
+* **One writer.** A process that trains a run holds ``.lock``, created with ``O_EXCL`` and
+  holding its pid, host and start time; a second one is refused in one line naming the holder.
+  A lock whose process is gone (same host: the pid no longer runs, or runs another program)
+  is taken over with a warning. A lock from another host is never taken over: this machine
+  cannot see that process, so the message says to delete ``.lock`` once it has stopped.
+  Readers (``sample``, ``eval``, ``analyze``) take no lock and write nothing into a folder
+  another process holds.
+* **Nothing the user made is deleted.** No command removes a run directory. ``--overwrite``
+  removes only the files scalelong writes (:meth:`RunDir.remove_project_files`) and lists what
+  it kept. A run whose checkpoints are all damaged stops and says so; it never restarts.
+* **Verified loads.** Every weight file is checked against its checksum before use, and a
+  damaged newest checkpoint falls back to the one before with one warning line.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import os
 import shutil
+import socket
+import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import torch
 from torch import nn
 
 from scalelong.build import build_model
-from scalelong.checkpoint import find_resumable, list_checkpoints, load_weights, remove_partial, step_dir_name
+from scalelong.checkpoint import (
+    DamagedCheckpoint,
+    list_checkpoints,
+    load_newest,
+    load_weights,
+    read_meta,
+    remove_checkpoint,
+    remove_partial,
+    step_dir_name,
+)
 from scalelong.config import (
     Config,
     ModelConfig,
     config_from_dict,
     config_to_dict,
-    load_config,
     read_yaml,
     save_config,
+    write_text_atomic,
 )
 from scalelong.errors import ScaleLongError
+
+Warn = Callable[[str], None]
 
 # Dotted config keys (or prefixes) that may differ between a run directory and a resumed run.
 RESUME_FREE_KEYS = (
@@ -97,10 +129,17 @@ def _from_json(value: object) -> object:
 
 class MetricsLog:
     """``metrics.jsonl``: one JSON object per logged step. Non-finite numbers are written as the
-    strings ``"nan"`` / ``"inf"`` / ``"-inf"`` and read back as floats."""
+    strings ``"nan"`` / ``"inf"`` / ``"-inf"`` and read back as floats.
 
-    def __init__(self, path: Path):
+    A kill can cut the last line short; reading drops such a line (and any other that is not a
+    JSON object) with one warning, and :meth:`truncate_after` (which a resumed run calls) rewrites
+    the file without it, atomically."""
+
+    _warned: set[tuple[str, int, int]] = set()  # (file, size, mtime) already reported
+
+    def __init__(self, path: Path, warn: Warn = print):
         self.path = Path(path)
+        self.warn = warn
 
     def write(self, record: dict) -> None:
         with self.path.open("a") as f:
@@ -109,19 +148,147 @@ class MetricsLog:
     def read(self) -> list[dict]:
         if not self.path.is_file():
             return []
-        lines = self.path.read_text().splitlines()
-        return [{k: _from_json(v) for k, v in json.loads(line).items()} for line in lines if line.strip()]
+        records, bad = [], []
+        lines = self.path.read_text(errors="replace").split("\n")
+        last = max((i for i, line in enumerate(lines) if line.strip()), default=-1)
+        for i, line in enumerate(lines):
+            if not line.strip():
+                continue
+            try:
+                record = json.loads(line)
+                if not isinstance(record, dict):
+                    raise ValueError("not an object")
+            except ValueError:
+                bad.append(i)
+                continue
+            records.append({k: _from_json(v) for k, v in record.items()})
+        if bad:
+            self._report(bad, last)
+        return records
+
+    def _report(self, bad: list[int], last: int) -> None:
+        stat = self.path.stat()
+        key = (str(self.path.resolve()), stat.st_size, stat.st_mtime_ns)
+        if key in MetricsLog._warned:  # one warning per state of the file, however often it is read
+            return
+        MetricsLog._warned.add(key)
+        if bad == [last]:
+            what = "its last line is cut short (a run stopped while writing it)"
+        else:
+            what = f"line(s) {', '.join(str(i + 1) for i in bad[:5])} are not JSON records"
+        self.warn(f"warning: {self.path}: {what}; ignoring it")
 
     def truncate_after(self, step: int) -> None:
-        """Drop records beyond ``step``: a resumed run rewrites them."""
+        """Drop records beyond ``step`` (a resumed run rewrites them) and unreadable lines."""
         if self.path.is_file():
             kept = [r for r in self.read() if r.get("step", 0) <= step]
-            self.path.unlink()
-            for r in kept:
-                self.write(r)
+            text = "".join(json.dumps({k: _to_json(v) for k, v in r.items()}) + "\n" for r in kept)
+            write_text_atomic(self.path, text)
+
+
+# ----------------------------------------------------------------------------- the lock
+
+LOCK_NAME = ".lock"
+STALE_UNREADABLE_S = 5.0  # an unreadable lock this old is not one being written this instant
+
+
+def _process_start(pid: int) -> str | None:
+    """When process ``pid`` started (Linux: clock ticks after boot), so a reused pid is told apart;
+    None where /proc does not say."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+        return stat.rsplit(")", 1)[1].split()[19]  # field 22, counted after the command name
+    except (OSError, IndexError):
+        return None
+
+
+def _process_alive(pid: int, start: str | None) -> bool:
+    """Whether process ``pid`` of this host still runs, and is the one that started at ``start``."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's process: it exists
+        pass
+    except OSError:
+        return False
+    now = _process_start(pid)
+    return start is None or now is None or now == start
+
+
+def _lock_record() -> dict:
+    return {
+        "pid": os.getpid(),
+        "host": socket.gethostname(),
+        "start": _process_start(os.getpid()),
+        "since": time.strftime("%Y-%m-%d %H:%M:%S"),
+    }
+
+
+def read_lock(path: Path) -> tuple[bytes, dict | None] | None:
+    """The raw bytes of a lock file and its record (None when unreadable); None when there is no lock."""
+    try:
+        raw = path.read_bytes()
+    except FileNotFoundError:
+        return None
+    except OSError:
+        return b"", None
+    try:
+        record = json.loads(raw)
+        ok = isinstance(record, dict) and isinstance(record.get("pid"), int) and record["pid"] > 0
+        return raw, record if ok and isinstance(record.get("host"), str) else None
+    except ValueError:
+        return raw, None
+
+
+def lock_state(path: Path) -> tuple[str, dict | None]:
+    """What a lock file says: ``("none", None)``, ``("mine", rec)``, ``("live", rec)`` (held by a
+    running process, or by one on another host, which cannot be checked from here), ``("stale",
+    rec)`` (its process is gone) or ``("unreadable", None)``."""
+    found = read_lock(path)
+    return ("none", None) if found is None else _judge(found[1])
+
+
+def _judge(record: dict | None) -> tuple[str, dict | None]:
+    if record is None:
+        return "unreadable", None
+    if record["host"] != socket.gethostname():
+        return "live", record
+    if record["pid"] == os.getpid() and record.get("start") == _process_start(os.getpid()):
+        return "mine", record
+    return ("live" if _process_alive(record["pid"], record.get("start")) else "stale"), record
+
+
+def _holder(record: dict) -> str:
+    return f"pid {record['pid']} on host {record['host']} (since {record.get('since', '?')})"
+
+
+def writer_of(path: str | Path) -> str | None:
+    """Who else writes ``path`` or a folder above it: ``"<folder> (pid N on host H ...)"`` for a
+    live lock of another process, None when nobody does."""
+    path = Path(path).absolute()
+    for folder in (path, *path.parents):
+        state, record = lock_state(folder / LOCK_NAME)
+        if state == "live":
+            return f"{folder} ({_holder(record)})"
+    return None
 
 
 # ----------------------------------------------------------------------------- the run directory
+
+# What scalelong writes into a run directory: files, and per folder the names it gives its files.
+# --overwrite removes these and nothing else. The report names are those of plots.write_plots.
+PROJECT_FILES = ("config.yaml", ".config.yaml.tmp", "metrics.jsonl", ".metrics.jsonl.tmp")
+PROJECT_FILES += ("summary.json", ".summary.json.tmp", "eval_final.json")
+PROJECT_FOLDERS = {
+    "checkpoints": ("step-*", ".tmp-step-*", ".old-step-*"),
+    "tb": ("events.out.tfevents.*",),
+    "samples": ("step-*.png",),
+    "eval": ("*-step-*-n*.json",),
+    "report": ("loss.png", "feature_norm.png", "grad_oscillation.png", "fd.png", "noise_levels.png")
+    + ("coefficients_*.png",),
+}
+SUMMARY_STATUS = ("complete", "stopped", "interrupted", "failed")
 
 
 class RunDir(os.PathLike):
@@ -129,6 +296,7 @@ class RunDir(os.PathLike):
 
     def __init__(self, path: str | os.PathLike):
         self.path = Path(path)
+        self._locked = False
 
     def __fspath__(self) -> str:
         return str(self.path)
@@ -148,6 +316,10 @@ class RunDir(os.PathLike):
     @property
     def config_file(self) -> Path:
         return self.path / "config.yaml"
+
+    @property
+    def lock_file(self) -> Path:
+        return self.path / LOCK_NAME
 
     @property
     def metrics_file(self) -> Path:
@@ -187,14 +359,42 @@ class RunDir(os.PathLike):
 
     def require(self) -> RunDir:
         """This run directory, or a ScaleLongError when the folder holds no run."""
-        if not self.config_file.is_file():
+        if not self.config_file.is_file() and not self.checkpoints():
             raise ScaleLongError(
                 f"{self.path} is not a run directory (no config.yaml); pass the folder `train` wrote"
             )
         return self
 
+    def stored_config(self, warn: Warn = print) -> dict:
+        """The run's config as a dict: config.yaml, or, when that file is missing, empty or damaged
+        (a kill while it was written by an older version, a slip of an editor), the config the
+        newest checkpoint stores, with a warning. Neither is a ScaleLongError."""
+        why = "is missing"
+        if self.config_file.is_file():
+            try:
+                data = read_yaml(self.config_file)
+                if data:
+                    return data
+                why = "is empty"
+            except ScaleLongError as e:
+                why = f"is damaged ({e})"
+        for path in reversed(self.checkpoints()):
+            try:
+                data = read_meta(path)["config"]
+            except (DamagedCheckpoint, KeyError):
+                continue
+            if isinstance(data, dict) and data:
+                warn(f"warning: {self.config_file} {why}; using the config stored in {path.name}")
+                return data
+        raise ScaleLongError(
+            f"{self.config_file} {why} and no checkpoint of {self.path} stores the run's config; "
+            "pass --overwrite to train the run again (it removes only files scalelong wrote) or choose "
+            "another name=..."
+        )
+
     def config(self) -> Config:
-        return load_config(self.require().config_file)
+        """The run's typed config (see :meth:`stored_config`)."""
+        return config_from_dict(self.require().stored_config())
 
     @property
     def metrics_log(self) -> MetricsLog:
@@ -253,44 +453,237 @@ class RunDir(os.PathLike):
             raise ScaleLongError(f"no checkpoint for step {step} in {self.path}; available: {have}")
         return path
 
+    def load_model(
+        self,
+        step: int | str | None = None,
+        weights: str = "ema",
+        device: torch.device | str = "cpu",
+        warn: Warn = print,
+    ) -> tuple[Config, nn.Module, Path]:
+        """The run's config and its model holding the verified weights (``ema`` or ``model``) of the
+        checkpoint :meth:`find_checkpoint` picks for ``step``.
+
+        The newest checkpoint (``step`` None or "latest") falls back to the one before when its
+        weights are damaged, with one warning line through ``warn``; a step asked for by number or
+        as "best" does not: its damage is a ScaleLongError."""
+        cfg = self.config()
+        if step in (None, "latest"):
+            self.find_checkpoint()  # none at all: say so
+            checkpoint, model = load_newest(
+                self.checkpoints(),
+                lambda path: load_model(path, cfg.model, weights, device),
+                warn,
+                "; restore one from a backup or train the run again",
+            )
+            return cfg, model, checkpoint
+        checkpoint = self.find_checkpoint(step)
+        try:
+            return cfg, load_model(checkpoint, cfg.model, weights, device), checkpoint
+        except DamagedCheckpoint as e:
+            have = ", ".join(p.name for p in self.checkpoints() if p != checkpoint)
+            raise ScaleLongError(f"{e}; choose another --step (available: {have or 'none'})") from None
+
+    @property
+    def summary(self) -> dict | None:
+        """summary.json, or None when there is none (or it cannot be read)."""
+        try:
+            summary = json.loads(self.summary_file.read_text())
+        except (OSError, ValueError):
+            return None
+        return summary if isinstance(summary, dict) else None
+
     @property
     def finished(self) -> bool:
-        return self.summary_file.is_file()
+        """Whether the run trained to its end (summary.json with status "complete")."""
+        summary = self.summary
+        return summary is not None and summary.get("status", "complete") == "complete"
+
+    # --- writing (hold the lock: see writing())
 
     def write_summary(self, summary: dict) -> None:
-        """Write summary.json; call it last: its presence marks a finished run."""
-        self.summary_file.write_text(json.dumps(summary, indent=1))
+        """Write summary.json (atomically): last, on every path that ends the run; ``status`` is one
+        of :data:`SUMMARY_STATUS` ("complete" when missing)."""
+        summary = {"status": "complete", **summary}
+        if summary["status"] not in SUMMARY_STATUS:
+            raise ValueError(f"summary status {summary['status']!r}")
+        write_text_atomic(self.summary_file, json.dumps(summary, indent=1, default=str))
 
-    def load_model(
-        self, step: int | str | None = None, weights: str = "ema", device: torch.device | str = "cpu"
-    ) -> tuple[Config, nn.Module, Path]:
-        """The run's config and its model holding the weights (``ema`` or ``model``) of the checkpoint
-        :meth:`find_checkpoint` picks for ``step``."""
-        cfg = self.config()
-        checkpoint = self.find_checkpoint(step)
-        return cfg, load_model(checkpoint, cfg.model, weights, device), checkpoint
+    def acquire_lock(self, warn: Warn = print) -> None:
+        """Create ``.lock`` (``O_EXCL``) holding this process's pid, host and start time.
 
-    # --- writing
+        Held by a live process (or by one on another host): a ScaleLongError naming it. Held by a
+        process of this host that is gone: taken over with a warning. The folder must exist."""
+        for _ in range(200):
+            try:
+                fd = os.open(self.lock_file, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
+            except FileExistsError:
+                pass
+            except OSError as e:
+                raise ScaleLongError(
+                    f"cannot write in the run directory {self.path} ({e.strerror})"
+                ) from None
+            else:
+                with os.fdopen(fd, "w") as f:
+                    f.write(json.dumps(_lock_record()))
+                    f.flush()
+                    os.fsync(f.fileno())
+                self._locked = True
+                return
+            found = read_lock(self.lock_file)
+            if found is None:  # released meanwhile
+                continue
+            judged, record = found
+            state, record = _judge(record)
+            if state in ("live", "mine"):
+                if record["host"] != socket.gethostname():
+                    raise ScaleLongError(
+                        f"{self.path} is locked by {_holder(record)}, another host this one cannot check; "
+                        f"if no process there trains it any more, delete {self.lock_file}"
+                    )
+                raise ScaleLongError(
+                    f"{self.path} is being trained by {_holder(record)}; only one process may write a "
+                    "run: wait for it to end or stop it, or choose another name=..."
+                )
+            if state == "unreadable":
+                try:
+                    age = time.time() - self.lock_file.stat().st_mtime
+                except FileNotFoundError:
+                    continue
+                if age < STALE_UNREADABLE_S:  # being written this instant
+                    time.sleep(0.05)
+                    continue
+            if self._take_over(judged):
+                gone = _holder(record) if record else "an unreadable lock"
+                warn(f"warning: {self.path} was locked by {gone}, which no longer runs; taking the lock over")
+        raise ScaleLongError(f"cannot lock {self.path}: {self.lock_file} keeps changing; try again")
 
-    def prepare(self, cfg: Config, overwrite: bool = False, resume: bool | None = None) -> Path | None:
-        """Create or check the folder for training ``cfg``; return the checkpoint to resume from
-        (None: a fresh start).
+    def _take_over(self, judged: bytes) -> bool:
+        """Remove the stale lock whose bytes are ``judged``, unless another process replaced it
+        meanwhile: the lock is renamed away first (atomic) and compared; a fresh lock moved by
+        mistake is put back."""
+        moved = self.lock_file.with_name(f"{LOCK_NAME}.stale-{os.getpid()}")
+        try:
+            os.replace(self.lock_file, moved)
+        except FileNotFoundError:
+            return False
+        try:
+            if moved.read_bytes() != judged:
+                with contextlib.suppress(FileExistsError):
+                    os.link(moved, self.lock_file)  # another process's fresh lock: put it back
+                return False
+            return True
+        finally:
+            moved.unlink(missing_ok=True)
 
-        Empty or missing: fresh run. ``overwrite``: delete and start fresh. Otherwise the folder
-        must hold a run of the same config (up to :data:`RESUME_FREE_KEYS`); it then continues from
-        its newest intact checkpoint, or restarts in place when it has none. ``resume=True`` makes a
-        missing checkpoint an error.
+    def release_lock(self) -> None:
+        """Remove ``.lock`` if this process holds it."""
+        if not self._locked:
+            return
+        self._locked = False
+        if lock_state(self.lock_file)[0] == "mine":
+            self.lock_file.unlink(missing_ok=True)
+
+    @contextlib.contextmanager
+    def writing(self, warn: Warn = print) -> Iterator[RunDir]:
+        """Hold the run's lock for the ``with`` block: the folder is created when missing (and
+        removed again if it is still empty at the end), the lock is released on every way out."""
+        created = self._make_folder()
+        try:
+            self.acquire_lock(warn)
+            try:
+                yield self
+            finally:
+                self.release_lock()
+        finally:
+            for folder in created:  # deepest first; only empty folders made here
+                with contextlib.suppress(OSError):
+                    folder.rmdir()
+
+    def _make_folder(self) -> list[Path]:
+        """Create the run folder and missing parents; return those created, deepest first."""
+        missing = [p for p in (self.path, *self.path.parents) if not p.exists()]
+        for p in (self.path, *self.path.parents):
+            if p.exists():
+                if not p.is_dir():
+                    what = "the run directory" if p == self.path else "a folder on its path"
+                    raise ScaleLongError(
+                        f"{p} is a file, not a folder, so it cannot hold {what} {self.path}; "
+                        "choose another out_dir=... or name=..."
+                    )
+                break
+        try:
+            self.path.mkdir(parents=True, exist_ok=True)
+        except OSError as e:
+            raise ScaleLongError(
+                f"cannot create the run directory {self.path} ({e.strerror}); choose another out_dir=..."
+            ) from None
+        return missing
+
+    def project_files(self) -> list[Path]:
+        """The files and folders in this run directory that scalelong writes."""
+        found = [self.path / name for name in PROJECT_FILES if (self.path / name).exists()]
+        for folder, patterns in PROJECT_FOLDERS.items():
+            for pattern in patterns:
+                found += sorted((self.path / folder).glob(pattern))
+        return found
+
+    def remove_project_files(self, warn: Warn = print) -> None:
+        """What ``--overwrite`` removes: :meth:`project_files` (checkpoints renamed away first), then
+        the folders they leave empty. Anything else stays, and a warning lists it."""
+        for path in self.project_files():
+            if path.is_dir() and path.parent == self.checkpoints_dir:
+                if path.name.startswith("step-"):
+                    remove_checkpoint(path)
+                else:
+                    shutil.rmtree(path, ignore_errors=True)
+            elif path.is_file():
+                path.unlink(missing_ok=True)
+        for folder in PROJECT_FOLDERS:
+            with contextlib.suppress(OSError):
+                (self.path / folder).rmdir()
+        kept = sorted(
+            str(p.relative_to(self.path))
+            for p in self.path.rglob("*")
+            if p.name != LOCK_NAME and not (p.is_dir() and any(p.iterdir()))
+        )
+        if kept:
+            more = f" and {len(kept) - 5} more" if len(kept) > 5 else ""
+            warn(
+                f"warning: --overwrite kept {len(kept)} file(s) in {self.path} that scalelong did not "
+                f"write: {', '.join(kept[:5])}{more}"
+            )
+
+    def prepare(
+        self, cfg: Config, overwrite: bool = False, resume: bool | None = None, warn: Warn = print
+    ) -> list[Path]:
+        """Check the folder for training ``cfg`` (holding the lock, see :meth:`writing`); return the
+        checkpoints to resume from, oldest first (empty: a start from step 0).
+
+        Empty: a fresh run. ``overwrite``: :meth:`remove_project_files`, then a fresh run (a folder
+        that holds no run is refused, ``overwrite`` or not).
+        Otherwise the folder must hold a run of the same config (up to :data:`RESUME_FREE_KEYS`);
+        a run with no checkpoint yet starts again from step 0 in place, with a warning, deleting
+        nothing. ``resume=True`` makes a missing checkpoint an error. The config is written for
+        a fresh start; a resumed run writes it once its checkpoint has loaded.
         """
+        try:
+            return self._prepare(cfg, overwrite, resume, warn)
+        except OSError as e:  # a full disk, a folder without write permission
+            raise ScaleLongError(f"cannot write in the run directory {self.path} ({e.strerror})") from None
+
+    def _prepare(self, cfg: Config, overwrite: bool, resume: bool | None, warn: Warn) -> list[Path]:
         if overwrite and resume:
             raise ScaleLongError("--overwrite and --resume contradict each other; pass one of them")
-        exists = self.path.is_dir() and any(self.path.iterdir())
-        if exists and not overwrite:
-            if not self.config_file.is_file():
-                raise ScaleLongError(
-                    f"{self.path} exists but holds no run (no config.yaml); choose another name=... or "
-                    "--overwrite"
-                )
-            diff = config_differences(read_yaml(self.config_file), config_to_dict(cfg))
+        occupied = any(p.name != LOCK_NAME for p in self.path.iterdir())
+        if occupied and not self.config_file.is_file() and not self.checkpoints():
+            raise ScaleLongError(
+                f"{self.path} exists but holds no run (no config.yaml, no checkpoint); choose another "
+                "name=... (--overwrite replaces runs only)"
+            )
+        if overwrite:
+            self.remove_project_files(warn)
+        elif occupied:
+            diff = config_differences(self.stored_config(warn), config_to_dict(cfg))
             if diff:
                 raise ScaleLongError(
                     f"run directory {self.path} holds a run with another config ({'; '.join(diff[:3])}"
@@ -298,20 +691,16 @@ class RunDir(os.PathLike):
                     "name=..."
                 )
             remove_partial(self.checkpoints_dir)
-            checkpoint = find_resumable(self.checkpoints_dir)
-            if checkpoint is not None:
-                save_config(cfg, self.config_file)  # the run-length / logging keys may have changed
-                return checkpoint
+            checkpoints = self.checkpoints()
+            if checkpoints:
+                return checkpoints
             if resume:
-                raise ScaleLongError(f"--resume: {self.path} has no intact checkpoint to resume from")
-            print(f"{self.path} has no checkpoint yet; starting it again from step 0")
+                raise ScaleLongError(f"--resume: {self.path} has no checkpoint to resume from")
+            warn(f"warning: {self.path} has no checkpoint yet; starting it again from step 0")
         elif resume:
             raise ScaleLongError(f"--resume: {self.path} does not exist or is empty; nothing to resume")
-        if self.path.exists():
-            shutil.rmtree(self.path)
-        self.path.mkdir(parents=True)
         save_config(cfg, self.config_file)
-        return None
+        return []
 
 
 def load_model(
@@ -320,7 +709,8 @@ def load_model(
     weights: str = "ema",
     device: torch.device | str = "cpu",
 ) -> nn.Module:
-    """The model of a checkpoint folder with its ``weights`` (``ema`` or ``model``), in eval mode.
+    """The model of a checkpoint folder with its verified ``weights`` (``ema`` or ``model``), in
+    eval mode; damaged weights raise :class:`~scalelong.checkpoint.DamagedCheckpoint`.
 
     ``model_cfg`` None: built from the config the checkpoint stores in its ``meta.json``. Building
     leaves the global RNG as it was.
@@ -329,14 +719,22 @@ def load_model(
     if weights not in ("ema", "model"):
         raise ScaleLongError(f"weights={weights!r}: choose ema or model")
     if model_cfg is None:
-        meta = checkpoint / "meta.json"
-        if not meta.is_file():
-            raise ScaleLongError(f"{checkpoint} is not a checkpoint folder (no meta.json)")
-        model_cfg = config_from_dict(json.loads(meta.read_text())["config"]).model
+        meta = read_meta(checkpoint)
+        if not isinstance(meta.get("config"), dict):
+            raise DamagedCheckpoint(checkpoint, "meta.json stores no config")
+        model_cfg = config_from_dict(meta["config"]).model
     with torch.random.fork_rng(devices=[]):  # building initialises weights
         model = build_model(model_cfg)
-    load_weights(checkpoint / f"{weights}.safetensors", model)
+    load_weights(checkpoint, f"{weights}.safetensors", model)
     return model.to(device).eval()
 
 
-__all__ = ["RESUME_FREE_KEYS", "MetricsLog", "RunDir", "config_differences", "load_model"]
+__all__ = [
+    "RESUME_FREE_KEYS",
+    "MetricsLog",
+    "RunDir",
+    "config_differences",
+    "load_model",
+    "lock_state",
+    "writer_of",
+]

@@ -45,7 +45,8 @@ class Tracker:
                 "warning: tensorboard is not installed; skipping TensorBoard logs (pip install tensorboard)"
             )
             return None
-        return SummaryWriter(str(log_dir), purge_step=start_step + 1 if start_step else None)
+        # Events after the start step (left by an earlier attempt) are purged: one curve per run.
+        return SummaryWriter(str(log_dir), purge_step=start_step + 1)
 
     @staticmethod
     def _wandb(run: RunDir, config: dict):

@@ -15,9 +15,11 @@ the same result on any number of processes and any ``train.grad_accum`` (up to f
 order; dropout masks come from each process's own generator) and, on the CPU, identical weights
 twice.
 
-Resume: re-running the same command continues a run directory from its newest intact
-checkpoint (``--resume`` insists on one). A different config in an existing run directory is an
-error; only :data:`scalelong.runs.RESUME_FREE_KEYS` (run length, logging, sampling) may change.
+Resume: re-running the same command continues a run directory from its newest checkpoint that
+verifies and loads (``--resume`` insists on one). A different config in an existing run
+directory is an error; only :data:`scalelong.runs.RESUME_FREE_KEYS` (run length, logging,
+sampling) may change. The main process holds the run's lock from before it looks at the folder
+until it exits, so a second trainer on the same run is refused.
 """
 
 from __future__ import annotations
@@ -45,8 +47,14 @@ from scalelong.build import (
     count_parameters,
     model_input_shape,
 )
-from scalelong.checkpoint import load_state, load_training_state, save_checkpoint
-from scalelong.config import Config, config_to_dict
+from scalelong.checkpoint import (
+    DamagedCheckpoint,
+    load_newest,
+    load_state,
+    load_training_state,
+    save_checkpoint,
+)
+from scalelong.config import Config, config_to_dict, save_config
 from scalelong.data import EpochBatches
 from scalelong.diagnostics import Diagnostics
 from scalelong.diffusion import denoising_loss
@@ -200,7 +208,7 @@ class Trainer:
         t = cfg.train
         self.micro_batch = micro_batch_size(t.batch_size, accelerator.num_processes, t.grad_accum)
         self.dataset = build_dataset(cfg.data)
-        check_data_fits_model(cfg, self.dataset)
+        check_data_fits_model(cfg, self.dataset, accelerator.num_processes)  # before any file is written
         torch.manual_seed(cfg.train.seed)
         model = build_model(cfg.model)
         self.ema = copy.deepcopy(model).requires_grad_(False).to(accelerator.device)
@@ -446,16 +454,35 @@ class Trainer:
 
     def load_checkpoint(self, path: Path) -> dict:
         """Restore weights, EMA, optimizer and trainer.pt; return trainer.pt's dict (its RNG states
-        are set by :meth:`restore_rng` once the data iterator exists)."""
+        are set by :meth:`restore_rng` once the data iterator exists).
+
+        Every file is verified first; a file that fails, or whose content does not load (right
+        checksums over garbage), raises :class:`DamagedCheckpoint`, and a later call with an older
+        checkpoint replaces whatever this one restored."""
         state = load_training_state(path)
         load_state(self.unwrapped, state["model"], str(path / "model.safetensors"))
         load_state(self.ema, state["ema"], str(path / "ema.safetensors"))
-        self.optimizer.load_state_dict(state["optimizer"])
-        self.load_state_dict(state["trainer"], path)
+        try:
+            self.optimizer.load_state_dict(state["optimizer"])
+        except (KeyError, ValueError, TypeError, IndexError, RuntimeError) as e:
+            raise DamagedCheckpoint(path, f"optimizer.pt does not fit, {type(e).__name__}") from None
+        try:
+            self.load_state_dict(state["trainer"], path)
+            self.restore_rng(state["trainer"], check_only=True)
+        except (KeyError, ValueError, TypeError, IndexError, RuntimeError) as e:
+            raise DamagedCheckpoint(path, f"trainer.pt does not fit, {type(e).__name__}: {e}") from None
         return state["trainer"]
 
-    def restore_rng(self, trainer_state: dict) -> None:
+    def restore_rng(self, trainer_state: dict, check_only: bool = False) -> None:
+        """Set this process's RNG states from trainer.pt (``check_only``: only check they are there)."""
         rng = trainer_state["rng"]
+        if check_only:
+            like = torch.get_rng_state()
+            for state in rng:
+                t = state["torch"]
+                if not isinstance(t, torch.Tensor) or t.dtype != like.dtype or t.shape != like.shape:
+                    raise TypeError("an RNG state is not a torch generator state")
+            return
         if len(rng) != self.acc.num_processes:
             if self.acc.is_main_process:
                 print(
@@ -604,71 +631,134 @@ def train(
     """Train a model as the config says and return where its outputs are.
 
     ``resume``: None continues an existing run directory of the same config automatically,
-    True requires a checkpoint to continue from. ``overwrite`` starts over. The hooks (see
-    :data:`MetricHook`) add metrics to the log, change a step's loss, or run after each step.
+    True requires a checkpoint to continue from. ``overwrite`` starts over (removing only the
+    files scalelong wrote). The hooks (see :data:`MetricHook`) add metrics to the log, change a
+    step's loss, or run after each step.
+
+    Everything is checked before the run directory is touched; the main process then holds the
+    run's lock (:meth:`RunDir.writing`) until the end, on every way out. Resuming loads the newest
+    checkpoint that verifies and loads, falling back with a warning. summary.json is written on
+    every way the run ends after that: complete (also when a complete run is run again),
+    stopped, interrupted or failed.
     """
     from accelerate.state import AcceleratorState
 
+    if overwrite and resume:
+        raise ScaleLongError("--overwrite and --resume contradict each other; pass one of them")
     accelerator = make_accelerator(cfg)
+    main = accelerator.is_main_process
+    say = print if main else (lambda message: None)
     try:
-        run = RunDir(cfg.run_dir)
-        trainer = Trainer(cfg, accelerator, run)
-        trainer.metric_hooks += metric_hooks or []
-        trainer.loss_hooks += loss_hooks or []
-        trainer.step_hooks += step_hooks or []
-        checkpoint = on_main_process(accelerator, lambda: run.prepare(cfg, overwrite, resume))
-        start_state = None
-        if checkpoint is not None:
-            start_state = trainer.load_checkpoint(Path(checkpoint))
-            if accelerator.is_main_process:
-                print(f"resuming {run} from {Path(checkpoint).name}")
-        if trainer.step >= cfg.train.steps:
-            if accelerator.is_main_process:
-                print(f"{run} is complete at step {trainer.step} (train.steps={cfg.train.steps})")
-            return RunResult(run.path, float("nan"), Path(checkpoint), None)
-        tracker = None
-        if accelerator.is_main_process:
-            tracker = Tracker(
-                run,
-                config_to_dict(cfg),
-                trainer.step,
-                tensorboard=cfg.train.tensorboard,
-                wandb=cfg.train.wandb,
-            )
-            print(
-                f"scalelong: {count_parameters(trainer.unwrapped):,} parameters, skips: "
-                f"{cfg.model.skip.method}, {accelerator.num_processes} process(es) on "
-                f"{accelerator.device.type}, run: {run}"
-            )
-        try:
-            with sigterm_as_interrupt():
-                result = trainer.fit(tracker, start_state, progress)
-        except KeyboardInterrupt:
-            raise ScaleLongError(
-                f"interrupted at step {trainer.step}; {run} holds the last complete checkpoint, "
-                "re-run the same command to resume"
-            ) from None
-        finally:
-            if tracker is not None:
-                tracker.close()
-        # The recipe: re-score the best step with more samples (all processes sample).
-        final = trainer.evaluator.finalize() if trainer.evaluator is not None else None
-        if accelerator.is_main_process:
-            summary = {
-                "final_loss": result.final_loss,
-                "steps": trainer.step,
-                "nonfinite_steps": trainer.state.nonfinite_total,
-            }
-            if final is not None:
-                summary["best"] = final
-                print(
-                    f"best step {final['best_step']}: {final['fd_metric']} {final['fd']:.4g} "
-                    f"on {final['fd_samples']} samples"
+        with sigterm_as_interrupt(), contextlib.ExitStack() as held:
+            run = RunDir(cfg.run_dir)
+            trainer = Trainer(cfg, accelerator, run)
+            trainer.metric_hooks += metric_hooks or []
+            trainer.loss_hooks += loss_hooks or []
+            trainer.step_hooks += step_hooks or []
+
+            def open_run() -> list[Path]:
+                held.enter_context(run.writing())  # released when this block ends, however it ends
+                return run.prepare(cfg, overwrite, resume)
+
+            checkpoints = on_main_process(accelerator, open_run)
+            checkpoint, start_state = run.checkpoint(0), None
+            if checkpoints:
+                advice = (
+                    f"; restore one from a backup, or pass --overwrite to train {run} again from step 0 "
+                    "(it removes only files scalelong wrote)"
                 )
-            run.write_summary(summary)  # last: its presence marks a finished run
-        accelerator.wait_for_everyone()
-        return result
+                checkpoint, start_state = load_newest(checkpoints, trainer.load_checkpoint, say, advice)
+                if main:
+                    save_config(cfg, run.config_file)  # the run-length / logging keys may have changed
+                say(f"resuming {run} from {checkpoint.name}")
+            if trainer.step >= cfg.train.steps:
+                say(f"{run} is complete at step {trainer.step} (train.steps={cfg.train.steps})")
+                if not run.finished:  # e.g. killed after its last checkpoint (every process reads it)
+                    final = _rescore(trainer)
+                    if main:
+                        _end(trainer, "complete", _last_loss(run), final=final)
+                return RunResult(run.path, float("nan"), checkpoint, None)
+            if main:
+                run.summary_file.unlink(missing_ok=True)  # the run goes on; a new one is written at its end
+            return _fit(trainer, progress, start_state)
     finally:
         # The Accelerate state is a process-wide singleton; a later run in this process may
         # want another precision.
         AcceleratorState._reset_state()
+
+
+def _fit(trainer: Trainer, progress: bool, start_state: dict | None) -> RunResult:
+    """Train to the end; write summary.json however training ends (main process)."""
+    cfg, acc, run = trainer.cfg, trainer.acc, trainer.run
+    tracker = None
+    if acc.is_main_process:
+        t = cfg.train
+        tracker = Tracker(run, config_to_dict(cfg), trainer.step, tensorboard=t.tensorboard, wandb=t.wandb)
+        print(
+            f"scalelong: {count_parameters(trainer.unwrapped):,} parameters, skips: "
+            f"{cfg.model.skip.method}, {acc.num_processes} process(es) on "
+            f"{acc.device.type}, run: {run}"
+        )
+    status, error = "failed", None
+    try:
+        result = trainer.fit(tracker, start_state, progress)
+        status = "complete"
+    except KeyboardInterrupt:
+        status = "interrupted"
+        error = (
+            f"interrupted at step {trainer.step}; {run} holds the last complete checkpoint, "
+            "re-run the same command to resume"
+        )
+        raise ScaleLongError(error) from None
+    except ScaleLongError as e:
+        status, error = "stopped", str(e)
+        raise
+    except Exception as e:
+        error = f"{type(e).__name__}: {e}".splitlines()[0]
+        raise
+    finally:
+        if tracker is not None:
+            tracker.close()
+        if acc.is_main_process and status != "complete":
+            with contextlib.suppress(OSError):  # never hide the error that ended the run
+                _end(trainer, status, _last_loss(run), error)
+    final = _rescore(trainer)
+    if acc.is_main_process:
+        _end(trainer, "complete", result.final_loss, final=final)
+    acc.wait_for_everyone()
+    return result
+
+
+def _rescore(trainer: Trainer) -> dict | None:
+    """The recipe's re-score of the best step with more samples; every process samples its share."""
+    final = trainer.evaluator.finalize() if trainer.evaluator is not None else None
+    if final is not None and trainer.acc.is_main_process:
+        print(
+            f"best step {final['best_step']}: {final['fd_metric']} {final['fd']:.4g} "
+            f"on {final['fd_samples']} samples"
+        )
+    return final
+
+
+def _end(
+    trainer: Trainer, status: str, final_loss: float, error: str | None = None, final: dict | None = None
+) -> None:
+    """Write summary.json (main process), with the re-score of the best step when there is one."""
+    run = trainer.run
+    summary = {
+        "status": status,
+        "final_loss": final_loss,
+        "steps": trainer.step,
+        "nonfinite_steps": trainer.state.nonfinite_total,
+    }
+    if error is not None:
+        summary["error"] = error
+    if final is not None:
+        summary["best"] = final
+    run.write_summary(summary)
+
+
+def _last_loss(run: RunDir) -> float:
+    """The loss of the last record of the run's metrics log that has one (NaN if none)."""
+    losses = [r["loss"] for r in run.metrics() if isinstance(r.get("loss"), (int, float))]
+    return float(losses[-1]) if losses else float("nan")

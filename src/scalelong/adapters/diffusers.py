@@ -18,6 +18,7 @@ N - (skips taken by the up blocks before it).
 
 from __future__ import annotations
 
+import hashlib
 import json
 from pathlib import Path
 from typing import Any
@@ -164,21 +165,25 @@ def save_scalelong(model: nn.Module, directory: str | Path, save_model: bool = T
             unet.save_pretrained(directory)
         finally:
             unet.scalelong = scaling
+    state = {k: v.detach().cpu().contiguous() for k, v in scaling.state_dict().items()}
+    save_file(state, directory / WEIGHTS_FILE)
+    data = (directory / WEIGHTS_FILE).read_bytes()
     meta = {
         "method": scaling.method,
         "kappa": scaling.kappa,
         "reduction": scaling.reduction,
         "num_skips": scaling.num_skips,
+        "weights": {"bytes": len(data), "sha256": hashlib.sha256(data).hexdigest()},
     }
-    (directory / META_FILE).write_text(json.dumps(meta, indent=1))
-    state = {k: v.detach().cpu().contiguous() for k, v in scaling.state_dict().items()}
-    save_file(state, directory / WEIGHTS_FILE)
+    (directory / META_FILE).write_text(json.dumps(meta, indent=1))  # last: it vouches for the weights
     return directory
 
 
 def load_scalelong(model: nn.Module, directory: str | Path) -> nn.Module:
-    """Apply the method saved by :func:`save_scalelong` to ``model`` and load its LS weights."""
-    from safetensors.torch import load_file
+    """Apply the method saved by :func:`save_scalelong` to ``model`` and load its LS weights, after
+    checking them against the size and sha256 that ``scalelong.json`` records (files saved before
+    it recorded them are loaded unchecked)."""
+    from safetensors.torch import load as load_bytes
 
     directory = Path(directory)
     meta_path, weights_path = directory / META_FILE, directory / WEIGHTS_FILE
@@ -189,6 +194,18 @@ def load_scalelong(model: nn.Module, directory: str | Path) -> nn.Module:
         method, kappa, reduction = meta["method"], meta["kappa"], meta.get("reduction", 16)
     except (json.JSONDecodeError, KeyError, TypeError) as e:
         raise ScaleLongError(f"{meta_path} is not a valid ScaleLong file: {e}") from e
+    data = weights_path.read_bytes()
+    expected = meta.get("weights")
+    if isinstance(expected, dict) and (
+        len(data) != expected.get("bytes") or hashlib.sha256(data).hexdigest() != expected.get("sha256")
+    ):
+        raise ScaleLongError(
+            f"{weights_path} is damaged (its size or sha256 differs from {META_FILE}); save it again"
+        )
+    try:
+        state = load_bytes(data)
+    except Exception as e:  # safetensors raises several types for a damaged file
+        raise ScaleLongError(f"{weights_path} is damaged ({type(e).__name__}); save it again") from None
     apply_scalelong(model, method=method, kappa=kappa, reduction=reduction)
     scaling = _unet(model).scalelong
     if scaling.num_skips != meta.get("num_skips", scaling.num_skips):
@@ -197,7 +214,7 @@ def load_scalelong(model: nn.Module, directory: str | Path) -> nn.Module:
             f"{directory} was saved for {meta['num_skips']} skips but this model has {scaling.num_skips}"
         )
     try:
-        scaling.load_state_dict(load_file(weights_path))  # copies onto the model's device
+        scaling.load_state_dict(state)  # copies onto the model's device
     except RuntimeError as e:
         remove_scalelong(model)
         raise ScaleLongError(f"{weights_path} does not fit this model: {e}") from e
