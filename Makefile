@@ -22,7 +22,9 @@ $(VENV)/.installed: pyproject.toml
 setup: $(VENV)/.installed
 
 demo: setup
-	$(BIN)/scalelong compare configs/demo.yaml --methods none,sqrt2,cs,ls
+	@start=$$(date +%s); \
+	$(BIN)/scalelong compare configs/demo.yaml --methods none,sqrt2,cs,ls; status=$$?; \
+	echo "make demo: $$(( $$(date +%s) - start )) s elapsed"; exit $$status
 
 test: setup
 	$(BIN)/python -m pytest
