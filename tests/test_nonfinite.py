@@ -80,6 +80,7 @@ def test_nan_at_every_step_stops_after_k_with_exit_2(tmp_path, capsys, monkeypat
     assert summary["status"] == "stopped" and summary["steps"] == 3 and summary["nonfinite_steps"] == 3
     assert "stopped at step 3" in summary["error"] and math.isnan(summary["final_loss"])
     assert not (tmp_path / "allnan" / ".lock").exists()
+    assert summary["stopped"] == {"step": 3, "kind": "nonfinite"}  # studies count it as a result
 
 
 def test_bf16_on_cpu_trains_and_fp16_on_cpu_is_a_clear_error(tmp_path):
@@ -134,3 +135,15 @@ def test_metric_hooks_merge_into_the_log(tmp_path):
     assert logged[3] == {"step": 3, "probe": 3.0, "ema_decay": 0.995}  # between log steps: the extras only
     assert logged[6]["probe"] == 6.0 and "loss" in logged[6]
     assert "probe" not in logged[4]
+
+
+def test_training_on_drops_the_earlier_summary_until_the_run_ends(tmp_path):
+    cfg = tiny(tmp_path, "longer", "train.steps=4", "train.checkpoint_every=0")
+    train(cfg, progress=False)
+    assert json.loads((tmp_path / "longer" / "summary.json").read_text())["steps"] == 4
+    seen = []
+    cfg.train.steps = 6  # resumes from step 4: the old summary no longer describes the run
+    train(cfg, progress=False, step_hooks=[lambda step, tr: seen.append(tr.run.summary_file.exists())])
+    assert seen == [False, False]
+    summary = json.loads((tmp_path / "longer" / "summary.json").read_text())
+    assert summary["steps"] == 6 and summary["status"] == "complete"

@@ -109,6 +109,23 @@ class Draws(NamedTuple):
         return Draws(*(None if x is None else x[rows] for x in self))
 
 
+class TrainingStopped(ScaleLongError):
+    """The non-finite policy ended a run early (``train.max_nonfinite_steps`` in a row).
+
+    A result of the run rather than a mistake: the run directory keeps its last good checkpoint
+    and a summary.json with status "stopped" whose ``stopped`` entry records ``step`` and
+    ``kind``. The command line still reports it as one line with exit code 2; studies
+    (``scalelong compare``, ``sweep``) record it and go on with the other runs.
+    """
+
+    def __init__(self, message: str, step: int, kind: str = "nonfinite"):
+        super().__init__(message)
+        self.step, self.kind = step, kind
+
+    def __reduce__(self):  # pickles whole across worker processes
+        return type(self), (str(self), self.step, self.kind)
+
+
 @dataclass
 class RunResult:
     run_dir: Path
@@ -585,12 +602,13 @@ class Trainer:
         """Running sums between two log steps; the loss stays on the device (no sync per step)."""
         return {"loss": torch.zeros((), device=self.acc.device), "ok": 0, "nonfinite": 0, "overflow": 0}
 
-    def _stopped(self, step: int) -> ScaleLongError:
+    def _stopped(self, step: int) -> TrainingStopped:
         streak, limit = self.state.nonfinite_streak, self.cfg.train.max_nonfinite_steps
-        return ScaleLongError(
+        return TrainingStopped(
             f"training stopped at step {step}: {streak} steps in a row had a non-finite loss or gradient "
             f"(train.max_nonfinite_steps={limit}); lower optim.lr, set train.grad_clip or use "
-            f"train.mixed_precision=no; {self.run} keeps the last good checkpoint"
+            f"train.mixed_precision=no; {self.run} keeps the last good checkpoint",
+            step,
         )
 
     def _log(
@@ -639,7 +657,8 @@ def train(
     run's lock (:meth:`RunDir.writing`) until the end, on every way out. Resuming loads the newest
     checkpoint that verifies and loads, falling back with a warning. summary.json is written on
     every way the run ends after that: complete (also when a complete run is run again),
-    stopped, interrupted or failed.
+    stopped, interrupted or failed. A run the non-finite policy stops raises
+    :class:`TrainingStopped`; its summary's ``stopped`` entry says at which step.
     """
     from accelerate.state import AcceleratorState
 
@@ -699,7 +718,7 @@ def _fit(trainer: Trainer, progress: bool, start_state: dict | None) -> RunResul
             f"{cfg.model.skip.method}, {acc.num_processes} process(es) on "
             f"{acc.device.type}, run: {run}"
         )
-    status, error = "failed", None
+    status, error, stopped = "failed", None, None
     try:
         result = trainer.fit(tracker, start_state, progress)
         status = "complete"
@@ -710,6 +729,9 @@ def _fit(trainer: Trainer, progress: bool, start_state: dict | None) -> RunResul
             "re-run the same command to resume"
         )
         raise ScaleLongError(error) from None
+    except TrainingStopped as e:  # an outcome of the run: where it stopped goes in the summary
+        status, error, stopped = "stopped", str(e), {"step": e.step, "kind": e.kind}
+        raise
     except ScaleLongError as e:
         status, error = "stopped", str(e)
         raise
@@ -721,7 +743,7 @@ def _fit(trainer: Trainer, progress: bool, start_state: dict | None) -> RunResul
             tracker.close()
         if acc.is_main_process and status != "complete":
             with contextlib.suppress(OSError):  # never hide the error that ended the run
-                _end(trainer, status, _last_loss(run), error)
+                _end(trainer, status, _last_loss(run), error, stopped=stopped)
     final = _rescore(trainer)
     if acc.is_main_process:
         _end(trainer, "complete", result.final_loss, final=final)
@@ -741,7 +763,12 @@ def _rescore(trainer: Trainer) -> dict | None:
 
 
 def _end(
-    trainer: Trainer, status: str, final_loss: float, error: str | None = None, final: dict | None = None
+    trainer: Trainer,
+    status: str,
+    final_loss: float,
+    error: str | None = None,
+    final: dict | None = None,
+    stopped: dict | None = None,
 ) -> None:
     """Write summary.json (main process), with the re-score of the best step when there is one."""
     run = trainer.run
@@ -753,6 +780,8 @@ def _end(
     }
     if error is not None:
         summary["error"] = error
+    if stopped is not None:
+        summary["stopped"] = stopped
     if final is not None:
         summary["best"] = final
     run.write_summary(summary)
