@@ -39,6 +39,32 @@ def tiny_uvit_overrides(name: str, out_dir, steps: int = 30, method: str = "none
     ]
 
 
+def learning_uvit_overrides(out_dir, name: str = "t") -> list[str]:
+    """Overrides that turn configs/demo.yaml into a tiny U-ViT (depth 4, patch 4) whose loss falls
+    clearly within its 40 steps, with diagnostics every 4 steps and 3 non-finite steps in a row
+    ending a run: small studies of runs that learn, or diverge."""
+    return [
+        f"out_dir={out_dir}",
+        f"name={name}",
+        "model.uvit.depth=4",
+        "model.uvit.embed_dim=16",
+        "model.uvit.num_heads=2",
+        "model.uvit.patch_size=4",
+        "train.steps=40",
+        "train.batch_size=16",
+        "train.log_every=4",
+        "train.checkpoint_every=0",
+        "train.max_nonfinite_steps=3",
+        "train.tensorboard=false",
+        "train.device=cpu",
+        "optim.lr=2e-2",
+        "optim.warmup_steps=2",
+        "diagnostics.every=4",
+        "eval.every=0",
+        "sample.num_images=0",
+    ]
+
+
 def nan_loss_at(*steps: int):
     """A loss hook (``train(..., loss_hooks=[...])``): a NaN loss, so NaN gradients, at these steps."""
 

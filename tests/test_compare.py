@@ -1,11 +1,27 @@
+import json
 import math
 
 import pytest
+import torch
 
-from conftest import tiny_uvit_overrides
+from conftest import learning_uvit_overrides, tiny_uvit_overrides
 from scalelong.cli import main
-from scalelong.compare import mean_ci, parse_methods, steps_to_target, summarise, summary_table
+from scalelong.compare import (
+    Divergence,
+    DivergenceRule,
+    criteria,
+    divergence,
+    mean_ci,
+    parse_methods,
+    run_all,
+    run_comparison,
+    steps_to_target,
+    summarise,
+    summary_table,
+)
+from scalelong.config import load_config
 from scalelong.errors import ScaleLongError
+from scalelong.launch import cpu_cores, share_cores
 
 
 def fd_curve(steps_to_values):
@@ -125,3 +141,157 @@ def test_compare_command_writes_every_plot_and_the_table(tmp_path, capsys):
     # a second call reuses the finished runs instead of training again
     assert main(command) == 0
     assert "parameters" not in capsys.readouterr().out
+
+
+# ----------------------------------------------------------------------------- the divergence rule
+
+
+def log(losses, features=None, every=10, **extra):
+    """Records as the trainer logs them: a loss (absent: no finite step) and a feature norm."""
+    out = []
+    for k, loss in enumerate(losses):
+        r = {"step": (k + 1) * every, "nonfinite_steps": 0 if loss is not None else every, **extra}
+        if loss is not None:
+            r["loss"] = loss
+        if features is not None:
+            r["feature_norm"] = features[k]
+        out.append(r)
+    return out
+
+
+HEALTHY = log([1.0, 0.9, 0.8, 0.6, 0.4, 0.3, 0.25, 0.2], [5, 6, 8, 9, 12, 15, 18, 20], spikes=3)
+
+
+def test_a_healthy_run_is_not_flagged_and_spikes_are_not_divergence():
+    assert divergence(HEALTHY, warmup_steps=20) == []
+
+
+def test_a_stop_on_nonfinite_steps_is_criterion_a():
+    stopped = {"step": 37, "kind": "nonfinite", "message": "..."}
+    found = divergence(HEALTHY[:3], stopped=stopped, warmup_steps=30)  # loss: not judged yet
+    assert [(d.criterion, d.step) for d in found] == [("nonfinite", 37)]
+    # a run that ended on non-finite steps without hitting the limit counts too
+    ended = log([1.0, 0.9, None, None], [5, 6, math.nan, math.nan])
+    assert [(d.criterion, d.step) for d in divergence(ended)] == [("nonfinite", 40), ("feature_norm", 30)]
+
+
+def test_collapse_without_nonfinite_steps_is_caught_by_loss_and_feature_norm():
+    # the demo U-ViT at lr 3e-2: loss stuck near 1.0, feature norms near 1e7, nothing non-finite
+    losses = [1.02, 0.99, 1.01, 0.97, 1.0, 0.98, 1.01, 0.99]
+    features = [6.0, 80.0, 2e3, 5e4, 1e6, 8e6, 1e7, 1.2e7]
+    found = divergence(log(losses, features), warmup_steps=20)
+    assert [d.criterion for d in found] == ["loss", "feature_norm"]
+    assert found[0].step == 80  # judged up to the last logged loss
+    assert found[1].step == 30  # first logged norm above 100 x 6.0
+    assert "0.8 x its start 1.01" in found[0].detail and "2e+06 x its first 6" in found[1].detail
+
+
+def test_loss_criterion_alone_and_its_named_threshold():
+    slow = log([1.0, 1.0, 1.0, 0.95, 0.9, 0.85, 0.85, 0.84], [5.0] * 8)
+    assert [d.criterion for d in divergence(slow)] == ["loss"]
+    # smoothing: one low value does not make a run healthy, a sustained fall does
+    one_dip = log([1.0, 1.0, 1.0, 1.0, 0.5, 1.0, 1.0, 1.0])  # 0.5 alone is below 0.8, its mean is not
+    assert [d.criterion for d in divergence(one_dip)] == ["loss"]
+    assert divergence(slow, rule=DivergenceRule(loss_fraction=0.9)) == []
+
+
+def test_loss_is_judged_after_warm_up_only_and_not_without_data():
+    # it fell during warm-up and came back: the fall does not count
+    back = log([1.0, 1.0, 1.0, 0.5, 0.5, 1.0, 1.0, 1.0])
+    assert divergence(back, warmup_steps=0) == []
+    assert [d.criterion for d in divergence(back, warmup_steps=50)] == ["loss"]
+    # too short to judge: two logged losses, or none after warm-up
+    assert divergence(log([1.0, 1.0])) == []
+    assert divergence(log([1.0, 1.0, 1.0, 1.0]), warmup_steps=40) == []
+
+
+def test_feature_norm_criterion_judges_the_end():
+    flat_loss = [1.0, 0.8, 0.6, 0.4, 0.3, 0.3]
+    blown = log(flat_loss, [2.0, 10.0, 150.0, 400.0, 600.0, 900.0])
+    found = divergence(blown)
+    assert [(d.criterion, d.step) for d in found] == [("feature_norm", 40)]
+    # a transient excursion that comes back is not divergence; a non-finite end is
+    assert divergence(log(flat_loss, [2.0, 500.0, 30.0, 20.0, 20.0, 20.0])) == []
+    assert [d.criterion for d in divergence(log(flat_loss, [2.0, 3.0, 3.0, 3.0, 3.0, math.inf]))] == [
+        "feature_norm"
+    ]
+    assert divergence(blown, rule=DivergenceRule(feature_growth=1000.0)) == []
+    assert divergence(log(flat_loss)) == []  # diagnostics off: not judged
+
+
+def test_criteria_counts_seeds_and_names_what_fired():
+    nonfinite, loss = Divergence("nonfinite", 3, ""), Divergence("loss", 40, "")
+    assert criteria([[], [], []]) == "0/3"
+    assert criteria([[nonfinite], [], [nonfinite]]) == "2/3 (nonfinite)"
+    assert criteria([[loss], [nonfinite, loss]]) == "2/2 (loss, nonfinite 1)"
+
+
+# ----------------------------------------------------------------------------- studies outlive their runs
+
+
+def tiny_config(tmp_path, *extra):
+    return load_config("configs/demo.yaml", [*learning_uvit_overrides(tmp_path), *extra])
+
+
+def test_share_cores_divides_threads_and_clamps_jobs(capsys):
+    assert share_cores(1, 8) == (1, 8)
+    assert share_cores(2, 8) == (2, 4)
+    assert share_cores(3, 8) == (3, 2)
+    assert share_cores(4, 2) == (2, 1)
+    assert "--jobs 4 exceeds the 2 cores" in capsys.readouterr().err
+    with pytest.raises(ScaleLongError, match="--jobs must be >= 1"):
+        share_cores(0, 2)
+
+
+@pytest.mark.slow
+def test_jobs_2_gives_the_same_runs_as_jobs_1_and_one_failure_ends_only_itself(tmp_path):
+    def configs(folder):
+        runs = [tiny_config(tmp_path / folder, f"name={m}", f"model.skip.method={m}") for m in ("none", "cs")]
+        missing = [f"data.path={tmp_path}/missing", "name=broken"]
+        return [*runs, tiny_config(tmp_path / folder, "data.name=cifar10", *missing)]
+
+    sequential = run_all(configs("j1"), jobs=1, progress=False)
+    pooled = run_all(configs("j2"), jobs=2, progress=False)
+    assert [o.status for o in sequential] == [o.status for o in pooled] == ["trained", "trained", "failed"]
+    assert "CIFAR-10 not found" in pooled[2].message and "\n" not in pooled[2].message
+    # each of the 2 workers holds its share of the cores; the sequential runs keep this process's
+    assert {o.threads for o in pooled[:2]} == {share_cores(2, cpu_cores())[1]}
+    assert sequential[0].threads == torch.get_num_threads()
+    for name in ("none", "cs"):
+        a = [json.loads(line) for line in (tmp_path / "j1" / name / "metrics.jsonl").read_text().splitlines()]
+        b = [json.loads(line) for line in (tmp_path / "j2" / name / "metrics.jsonl").read_text().splitlines()]
+        assert [r["loss"] for r in a] == pytest.approx([r["loss"] for r in b], rel=1e-6)
+
+
+@pytest.mark.slow
+def test_compare_with_a_diverging_run_still_writes_its_report(tmp_path):
+    calls = []
+
+    def poison_none(step, trainer):  # a step hook: the baseline's weights turn NaN after step 5
+        calls.append(trainer.cfg.name)
+        if step == 5 and trainer.cfg.model.skip.method == "none":
+            with torch.no_grad():
+                for p in trainer.model.parameters():
+                    p.fill_(math.nan)
+
+    base = tiny_config(
+        tmp_path,
+        "eval.every=20",
+        "eval.num_samples=16",
+        "eval.steps=2",
+        "eval.batch_size=16",
+        "eval.final_num_samples=0",
+    )
+    hooks = {"step_hooks": [poison_none]}
+    result = run_comparison(base, ["none", "cs"], 1, tmp_path / "cmp", progress=False, train_kwargs=hooks)
+    assert [o.status for o in result.outcomes] == ["stopped", "trained"]
+    report = (tmp_path / "cmp" / "report.md").read_text()
+    rows = {line.split("|")[1].strip(): line for line in result.table.splitlines()[2:]}
+    assert rows["none"].endswith("| 1/1 (nonfinite) |")
+    assert rows["cs"].endswith("| 0/1 |")
+    assert "- `none-seed0`: nonfinite at step 8" in report  # 5 + 3 non-finite steps in a row
+    assert (tmp_path / "cmp" / "report.html").is_file()
+    # a rerun reuses both runs, the stopped one included
+    n = len(calls)
+    again = run_comparison(base, ["none", "cs"], 1, tmp_path / "cmp", progress=False, train_kwargs=hooks)
+    assert len(calls) == n and [o.status for o in again.outcomes] == ["reused", "reused"]

@@ -288,15 +288,27 @@ def cmd_compare(args: argparse.Namespace) -> int:
     cfg = load_config(args.config, overrides)
     # Beside, not inside, the single-run folder of the same name: train --overwrite must not delete it.
     report_dir = Path(cfg.out_dir) / f"{cfg.name}-compare" if args.out is None else Path(args.out)
-    report, table = run_comparison(cfg, methods, args.seeds, report_dir, progress=not args.no_progress)
-    print(f"\n{table}\n")
+    result = run_comparison(
+        cfg, methods, args.seeds, report_dir, progress=not args.no_progress, jobs=args.jobs
+    )
+    print(f"\n{result.table}\n")
     if args.seeds < 5:
         print(
             f"{args.seeds} seed(s): seed-to-seed noise on small models exceeds these differences; "
             "use --seeds 5 or more before concluding (see the README's 5-seed table)"
         )
-    print(f"report: {report}")
-    print(f"        {report.with_suffix('.html')}")
+    return _report_paths(result)
+
+
+def _report_paths(result) -> int:
+    """Print where a study's report is; runs that failed make it a user error (exit 2)."""
+    print(f"report: {result.report}")
+    print(f"        {result.report.with_suffix('.html')}")
+    if result.failed:
+        raise ScaleLongError(
+            f"{len(result.failed)} of {len(result.outcomes)} runs failed (listed above and in the report); "
+            "fix the cause and re-run the same command: finished runs are reused"
+        )
     return 0
 
 
@@ -316,6 +328,16 @@ def cmd_analyze(args: argparse.Namespace) -> int:
     return 0
 
 
+def _add_jobs_arg(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--jobs",
+        type=int,
+        default=1,
+        help="runs trained at a time, in worker processes that divide the cores (default 1: one "
+        "after another in this process)",
+    )
+
+
 def _add_study_commands(sub) -> None:
     p = sub.add_parser(
         "compare",
@@ -331,6 +353,7 @@ def _add_study_commands(sub) -> None:
     )
     p.add_argument("--seeds", type=_count(1), default=1, help="seeds per method, from train.seed on")
     p.add_argument("--out", default=None, help="report folder (default: <out_dir>/<name>-compare)")
+    _add_jobs_arg(p)
     p.add_argument("--no-progress", action="store_true", help="no progress bars")
     p.set_defaults(func=cmd_compare)
 

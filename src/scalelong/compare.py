@@ -1,30 +1,42 @@
-"""``scalelong compare``: train several skip methods side by side and write one report.
+"""``scalelong compare``: train several skip methods side by side and write one report; what
+every study shares (``scalelong sweep`` too): running many runs, the divergence rule, the report.
 
 Every method of a seed starts from the same trunk weights (the skip module is built after the
 backbone's initialisation), sees the same batches in the same order and the same noise, so
 the methods differ only in how the skips are scaled. Claims rest on several seeds: the table
 gives means with 95% t-intervals over seeds, and speed-ups are paired per seed against the
 baseline of that seed.
+
+A run that diverges is a result, never an abort: :func:`run_all` finishes the other runs, and
+:func:`divergence` says of each run whether and how it broke (non-finite steps, a loss that
+never falls, a hidden-feature norm that explodes). Finished runs of the same config are reused,
+so re-running a study resumes it; ``jobs`` > 1 trains that many runs at a time in worker
+processes that divide the cores (:func:`scalelong.launch.pool_map`).
 """
 
 from __future__ import annotations
 
 import base64
 import copy
+import html
 import math
+import re
 import statistics
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+import sys
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import scipy.stats
+import torch
 
-from scalelong.config import Config
+from scalelong.config import Config, config_to_dict, read_yaml
 from scalelong.errors import ScaleLongError
+from scalelong.launch import pool_map
 from scalelong.plots import Records, as_float, load_metrics, series, write_plots
-from scalelong.runs import RunDir
+from scalelong.runs import RunDir, config_differences
 from scalelong.skips import METHODS
-from scalelong.train import train
+from scalelong.train import TrainingInterrupted, TrainingStopped, train
 
 
 def mean_ci(values: Sequence[float]) -> tuple[float, float]:
@@ -65,6 +77,11 @@ def _last(records: Records, key: str) -> float:
     return finite[-1] if finite else math.nan
 
 
+def _mean_of(records: Records, key: str) -> float:
+    finite = [v for v in series(records, key)[1] if math.isfinite(v)]
+    return statistics.fmean(finite) if finite else math.nan
+
+
 @dataclass
 class TargetResult:
     """Steps each method needs to reach the baseline's final value of a lower-is-better metric."""
@@ -96,6 +113,248 @@ def steps_to_target(records_by_method: Mapping[str, Records], baseline: str, key
     return TargetResult(target, steps, speedup)
 
 
+# ----------------------------------------------------------------------------- divergence
+
+
+@dataclass(frozen=True)
+class DivergenceRule:
+    """The named thresholds of :func:`divergence`."""
+
+    loss_fraction: float = 0.8  # (b) the smoothed loss must fall below this fraction of its start
+    start_points: int = 3  # (b) the start: mean of this many first logged losses
+    smooth: int = 3  # (b) trailing mean over this many logged losses
+    feature_growth: float = 100.0  # (c) the hidden-feature norm may end at most this multiple of its first
+
+    def describe(self) -> str:
+        """The rule in one paragraph, with its thresholds (for reports)."""
+        return (
+            "A run counts as **diverged** when (a) *nonfinite*: it stopped on non-finite steps "
+            "(train.max_nonfinite_steps in a row), or its last logged steps were all non-finite; or "
+            f"(b) *loss*: its loss after warm-up, smoothed by a trailing mean over {self.smooth} logged "
+            f"values, never falls below {self.loss_fraction:g} x its start (the mean of its first "
+            f"{self.start_points} logged losses): the network learns nothing, though no step is "
+            f"non-finite; or (c) *feature_norm*: its hidden-feature norm ends non-finite or above "
+            f"{self.feature_growth:g} x its first logged value. Loss spikes are counted, not divergence."
+        )
+
+
+DEFAULT_RULE = DivergenceRule()
+
+
+@dataclass(frozen=True)
+class Divergence:
+    """One criterion of :func:`divergence` that fired."""
+
+    criterion: str  # nonfinite | loss | feature_norm
+    step: int  # where it showed
+    detail: str  # one line, with the numbers
+
+    def __str__(self) -> str:
+        return f"{self.criterion} at step {self.step}: {self.detail}"
+
+
+def _trailing_mean(values: Sequence[float], window: int) -> list[float]:
+    return [statistics.fmean(values[max(0, i - window + 1) : i + 1]) for i in range(len(values))]
+
+
+def divergence(
+    records: Records,
+    stopped: Mapping | None = None,
+    warmup_steps: int = 0,
+    rule: DivergenceRule = DEFAULT_RULE,
+) -> list[Divergence]:
+    """Whether and how a run diverged, judged from its logged records: every criterion of ``rule``
+    that fires (see :meth:`DivergenceRule.describe`), in the order (a) nonfinite, (b) loss,
+    (c) feature_norm; an empty list for a healthy run.
+
+    ``stopped`` is the ``stopped`` entry of the run's summary.json (the non-finite policy ended
+    it there). A criterion without data is not judged: (b) needs ``rule.start_points`` finite
+    losses and one logged after ``warmup_steps``, (c) needs ``feature_norm`` (``diagnostics.every``).
+    """
+    found = []
+    logged = [r for r in records if "nonfinite_steps" in r]
+    if stopped:
+        found.append(Divergence("nonfinite", int(stopped["step"]), "stopped on non-finite steps in a row"))
+    elif (
+        logged
+        and as_float(logged[-1]["nonfinite_steps"]) > 0
+        and not math.isfinite(as_float(logged[-1].get("loss")))
+    ):
+        found.append(
+            Divergence("nonfinite", int(logged[-1]["step"]), "its last logged steps were all non-finite")
+        )
+    losses = [(s, v) for s, v in zip(*series(records, "loss"), strict=True) if math.isfinite(v)]
+    if len(losses) >= rule.start_points:
+        start = statistics.fmean(v for _, v in losses[: rule.start_points])
+        after = [(s, v) for s, v in losses if s > warmup_steps]
+        smoothed = _trailing_mean([v for _, v in after], rule.smooth)
+        judged = [(s, v) for (s, _), v in zip(after, smoothed, strict=True)]
+        lowest = min((v for _, v in judged), default=math.nan)
+        if judged and lowest >= rule.loss_fraction * start:
+            detail = f"smoothed loss never fell below {rule.loss_fraction:g} x its start {start:.3g}"
+            found.append(Divergence("loss", judged[-1][0], f"{detail} (lowest after warm-up {lowest:.3g})"))
+    steps, norms = series(records, "feature_norm")
+    first = next((v for v in norms if math.isfinite(v)), None)
+    if first is not None and not norms[-1] <= rule.feature_growth * first:  # NaN fails <= too
+        at = next(s for s, v in zip(steps, norms, strict=True) if not v <= rule.feature_growth * first)
+        found.append(
+            Divergence(
+                "feature_norm",
+                at,
+                f"hidden-feature norm ends at {norms[-1]:.3g}, {norms[-1] / first:.3g} x its first "
+                f"{first:.3g} (limit {rule.feature_growth:g} x)",
+            )
+        )
+    return found
+
+
+def criteria(breaks: Iterable[Sequence[Divergence]]) -> str:
+    """``k/K`` runs diverged, with the criteria that fired and how often (``1/3 (loss)``)."""
+    breaks = list(breaks)
+    k = sum(bool(b) for b in breaks)
+    counts: dict[str, int] = {}
+    for b in breaks:
+        for d in b:
+            counts[d.criterion] = counts.get(d.criterion, 0) + 1
+    named = ", ".join(c if n == k else f"{c} {n}" for c, n in counts.items())
+    return f"{k}/{len(breaks)}" + (f" ({named})" if named else "")
+
+
+# ----------------------------------------------------------------------------- running a study
+
+# Keys that do not change what a run computes: a finished run that differs only in them is reused.
+STUDY_FREE_KEYS = (
+    "name",
+    "out_dir",
+    "data.path",
+    "data.num_workers",
+    "train.compile",
+    "train.tensorboard",
+    "train.wandb",
+    "train.checkpoint_every",
+    "train.keep_checkpoints",
+    "sample.",
+)
+
+
+@dataclass
+class RunOutcome:
+    """What became of one run of a study."""
+
+    name: str
+    status: str  # trained | stopped (the non-finite policy) | reused | failed
+    message: str = ""  # one line: where it stopped, or why it failed
+    threads: int = 0  # torch threads it trained with (0: not trained now)
+
+
+def concluded(run: RunDir) -> bool:
+    """Whether a run ended with a result: it completed, or the non-finite policy stopped it (its
+    summary records where). Interrupted and failed runs are not: a study trains them on."""
+    summary = run.summary or {}
+    return run.finished or (summary.get("status") == "stopped" and "stopped" in summary)
+
+
+def reusable(run: RunDir, cfg: Config) -> bool:
+    """A concluded run (:func:`concluded`) of this very config, up to :data:`STUDY_FREE_KEYS`."""
+    return concluded(run) and not config_differences(
+        read_yaml(run.config_file), config_to_dict(cfg), free=STUDY_FREE_KEYS
+    )
+
+
+def check_run_dirs(cfgs: Iterable[Config]) -> None:
+    """Before any run starts: no run directory may hold a run another config can't resume."""
+    for cfg in cfgs:
+        run = RunDir(cfg.run_dir)
+        if run.config_file.is_file():
+            diff = config_differences(read_yaml(run.config_file), config_to_dict(cfg))
+            if diff:
+                raise ScaleLongError(
+                    f"{run} holds a run of another config ({diff[0]}); remove it or choose another name"
+                )
+        elif run.path.is_dir() and any(run.path.iterdir()):
+            raise ScaleLongError(f"{run} exists but holds no run (no config.yaml); remove it or rename")
+
+
+def train_run(cfg: Config, progress: bool = False, train_kwargs: Mapping | None = None) -> RunOutcome:
+    """Train one run of a study, here or in a worker: its outcome, never an exception (but an
+    interrupt). ``train_kwargs`` go to :func:`scalelong.train.train` (hooks)."""
+    threads = torch.get_num_threads()
+    try:
+        train(cfg, progress=progress, **dict(train_kwargs or {}))
+    except TrainingInterrupted:
+        raise
+    except TrainingStopped as e:
+        return RunOutcome(cfg.name, "stopped", f"stopped at step {e.step} ({e.kind})", threads)
+    except Exception as e:  # a user error, or a bug, of one run must not end the others
+        kind = "" if isinstance(e, ScaleLongError) else f"{type(e).__name__}: "
+        return RunOutcome(cfg.name, "failed", kind + " ".join(str(e).split()), threads)
+    return RunOutcome(cfg.name, "trained", "", threads)
+
+
+def run_all(
+    cfgs: Sequence[Config], jobs: int = 1, progress: bool = True, train_kwargs: Mapping | None = None
+) -> list[RunOutcome]:
+    """Train every config and return the outcomes in order; finished runs are reused (see
+    :func:`reusable`), unfinished ones resume.
+
+    ``jobs`` 1 trains one after another in this process; ``jobs`` J > 1 trains J at a time in
+    spawned workers with ``cores // J`` torch threads each (``train_kwargs`` must then pickle).
+    A run that stops or fails is reported in one line and the others go on.
+    """
+    check_run_dirs(cfgs)
+    outcomes = {i: RunOutcome(c.name, "reused") for i, c in enumerate(cfgs) if reusable(RunDir(c.run_dir), c)}
+    todo = [i for i in range(len(cfgs)) if i not in outcomes]
+    if outcomes:
+        print(f"{len(outcomes)} of {len(cfgs)} runs are finished already and reused")
+    args = [(cfgs[i], progress and jobs == 1, train_kwargs) for i in todo]
+    for done, (j, result) in enumerate(pool_map(train_run, args, jobs), start=1):
+        name = cfgs[todo[j]].name
+        if isinstance(result, TrainingInterrupted):
+            raise result
+        if isinstance(result, BaseException):  # the worker process itself failed
+            result = RunOutcome(name, "failed", f"{type(result).__name__}: {' '.join(str(result).split())}")
+        outcomes[todo[j]] = result
+        line = f"[{done}/{len(todo)}] {name}: " + (
+            f"failed: {result.message}" if result.status == "failed" else result.message or result.status
+        )
+        print(line, file=sys.stderr if result.status == "failed" else sys.stdout, flush=True)
+    return [outcomes[i] for i in range(len(cfgs))]
+
+
+@dataclass
+class StudyRun:
+    """One run of a study read back from its directory, with the verdict of :func:`divergence`."""
+
+    name: str
+    records: list[dict]
+    summary: dict
+    breaks: list[Divergence]
+    error: str = ""  # why it could not run (its records are then left out)
+
+
+def read_run(run_dir: str | Path, rule: DivergenceRule = DEFAULT_RULE, error: str = "") -> StudyRun:
+    """The run of ``run_dir`` as a study sees it; ``error``: it failed, so only its name counts."""
+    run = RunDir(run_dir)
+    if error or not run.metrics_file.is_file():
+        return StudyRun(run.name, [], {}, [], error or "no metrics")
+    records, summary = load_metrics(run), run.summary or {}
+    warmup = run.config().optim.warmup_steps
+    return StudyRun(run.name, records, summary, divergence(records, summary.get("stopped"), warmup, rule))
+
+
+def broken_runs(runs: Iterable[StudyRun]) -> list[str]:
+    """Markdown list items: each run that diverged (criterion, step, numbers) or failed."""
+    lines = []
+    for r in runs:
+        if r.error:
+            lines.append(f"- `{r.name}`: failed: {r.error}")
+        lines += [f"- `{r.name}`: {d}" for d in r.breaks]
+    return lines
+
+
+# ----------------------------------------------------------------------------- the comparison
+
+
 @dataclass
 class MethodSummary:
     method: str
@@ -106,36 +365,41 @@ class MethodSummary:
     spikes: list[float]
     steps_to_target: list[int | None]
     speedup: list[float | None]
+    breaks: list[list[Divergence]] = field(default_factory=list)  # per seed; empty: healthy
+
+
+def _targets(records_by_method: Mapping[str, Records], baseline: str, key: str) -> TargetResult:
+    try:
+        return steps_to_target(records_by_method, baseline, key)
+    except ScaleLongError:  # no finite baseline value (no evaluation, or it diverged): no target
+        return TargetResult(math.nan, dict.fromkeys(records_by_method), dict.fromkeys(records_by_method))
 
 
 def summarise(
-    runs: Mapping[str, Sequence[Records]], baseline: str, fd_key: str = "fd"
+    runs: Mapping[str, Sequence[Records]],
+    baseline: str,
+    fd_key: str = "fd",
+    breaks: Mapping[str, Sequence[list[Divergence]]] | None = None,
 ) -> list[MethodSummary]:
-    """Per-method summaries from ``runs[method][seed] -> records``; speed-ups paired by seed."""
+    """Per-method summaries from ``runs[method][seed] -> records``; speed-ups paired by seed.
+    ``breaks[method][seed]``: the run's :func:`divergence` (default: none)."""
     seeds = min(len(r) for r in runs.values())
-    targets = [steps_to_target({m: runs[m][s] for m in runs}, baseline, fd_key) for s in range(seeds)]
+    targets = [_targets({m: runs[m][s] for m in runs}, baseline, fd_key) for s in range(seeds)]
     base_fd = [_last(r, fd_key) for r in runs[baseline]]
-    out = []
-    for method, per_seed in runs.items():
-        osc = [
-            statistics.fmean(v)
-            if (v := [x for x in series(r, "osc/feature_norm_std")[1] if math.isfinite(x)])
-            else math.nan
-            for r in per_seed
-        ]
-        out.append(
-            MethodSummary(
-                method=method,
-                final_fd=[_last(r, fd_key) for r in per_seed],
-                fd_change=[_last(r, fd_key) / b - 1 for r, b in zip(per_seed, base_fd, strict=False)],
-                final_loss=[_last(r, "loss") for r in per_seed],
-                feature_osc_std=osc,
-                spikes=[_last(r, "spikes") for r in per_seed],
-                steps_to_target=[t.steps[method] for t in targets],
-                speedup=[t.speedup[method] for t in targets],
-            )
+    return [
+        MethodSummary(
+            method=method,
+            final_fd=[_last(r, fd_key) for r in per_seed],
+            fd_change=[_last(r, fd_key) / b - 1 for r, b in zip(per_seed, base_fd, strict=False)],
+            final_loss=[_last(r, "loss") for r in per_seed],
+            feature_osc_std=[_mean_of(r, "osc/feature_norm_std") for r in per_seed],
+            spikes=[_last(r, "spikes") for r in per_seed],
+            steps_to_target=[t.steps[method] for t in targets],
+            speedup=[t.speedup[method] for t in targets],
+            breaks=[list(b) for b in (breaks or {}).get(method, [[] for _ in per_seed])],
         )
-    return out
+        for method, per_seed in runs.items()
+    ]
 
 
 def summary_table(summaries: Sequence[MethodSummary], baseline: str) -> str:
@@ -143,8 +407,8 @@ def summary_table(summaries: Sequence[MethodSummary], baseline: str) -> str:
     n = len(summaries[0].final_fd)
     lines = [
         f"| method | final FD | final FD vs {baseline} (paired) | final loss | feature-norm osc. std "
-        f"| loss spikes | steps to {baseline}'s final FD | speed-up vs {baseline} |",
-        "|---|---|---|---|---|---|---|---|",
+        f"| loss spikes | steps to {baseline}'s final FD | speed-up vs {baseline} | diverged |",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
     for s in summaries:
         reached = [x for x in s.steps_to_target if x is not None]
@@ -157,7 +421,8 @@ def summary_table(summaries: Sequence[MethodSummary], baseline: str) -> str:
         lines.append(
             f"| {s.method} | {fmt_ci(s.final_fd)} | {fmt_ci([100 * x for x in s.fd_change], unit='%')} "
             f"| {fmt_ci(s.final_loss)} | {fmt_ci(s.feature_osc_std)} "
-            f"| {fmt_ci(s.spikes)} | {steps} | {fmt_ci(speed, unit='x') if speed else 'n/a'} |"
+            f"| {fmt_ci(s.spikes)} | {steps} | {fmt_ci(speed, unit='x') if speed else 'n/a'} "
+            f"| {criteria(s.breaks or [[]] * n)} |"
         )
     return "\n".join(lines)
 
@@ -181,65 +446,147 @@ def parse_methods(text: str) -> list[str]:
     return methods
 
 
-def run_comparison(
-    base: Config, methods: Sequence[str], seeds: int, report_dir: Path, progress: bool = True
-) -> tuple[Path, str]:
-    """Train every method for every seed (reusing finished runs) and write the report.
+@dataclass
+class StudyResult:
+    """Where a study's report is, its main table, and what became of each run."""
 
-    Returns the path of report.md and the summary table (markdown)."""
+    report: Path
+    table: str
+    outcomes: list[RunOutcome]
+
+    @property
+    def failed(self) -> list[RunOutcome]:
+        return [o for o in self.outcomes if o.status == "failed"]
+
+
+def run_comparison(
+    base: Config,
+    methods: Sequence[str],
+    seeds: int,
+    report_dir: Path,
+    progress: bool = True,
+    jobs: int = 1,
+    train_kwargs: Mapping | None = None,
+) -> StudyResult:
+    """Train every method for every seed (reusing finished runs; ``jobs`` at a time) and write
+    the report. Runs that diverge or fail are recorded in it; the others are trained all the same."""
     runs_dir = report_dir / "runs"
-    runs: dict[str, list[list[dict]]] = {m: [] for m in methods}
-    for k in range(seeds):
-        for method in methods:
-            cfg = method_config(base, method, base.train.seed + k, runs_dir)
-            if not RunDir(cfg.run_dir).finished:  # finished runs are kept: reruns resume
-                train(cfg, progress=progress)
-            runs[method].append(load_metrics(cfg.run_dir))
-    return write_report(runs, methods[0], report_dir, base)
+    cfgs = [method_config(base, m, base.train.seed + k, runs_dir) for k in range(seeds) for m in methods]
+    outcomes = run_all(cfgs, jobs, progress, train_kwargs)
+    studies: dict[str, list[StudyRun]] = {m: [] for m in methods}
+    for cfg, outcome in zip(cfgs, outcomes, strict=True):
+        error = outcome.message if outcome.status == "failed" else ""
+        studies[cfg.model.skip.method].append(read_run(cfg.run_dir, error=error))
+    report, table = write_report(studies, methods[0], report_dir, base)
+    return StudyResult(report, table, outcomes)
+
+
+# ----------------------------------------------------------------------------- reports
 
 
 def _embed(path: Path) -> str:
     data = base64.b64encode(path.read_bytes()).decode()
-    img = f'<img src="data:image/png;base64,{data}" alt="{path.stem}">'
-    return f"<figure>{img}<figcaption>{path.stem}</figcaption></figure>"
+    img = f'<img src="data:image/png;base64,{data}" alt="{html.escape(path.stem)}">'
+    return f"<figure>{img}<figcaption>{html.escape(path.stem)}</figcaption></figure>"
+
+
+def _inline(text: str) -> str:
+    text = html.escape(text)
+    text = re.sub(r"\*\*(.+?)\*\*", r"<b>\1</b>", text)
+    text = re.sub(r"\*(.+?)\*", r"<i>\1</i>", text)
+    return re.sub(r"`(.+?)`", r"<code>\1</code>", text)
+
+
+def _cells(line: str) -> list[str]:
+    return [c.strip() for c in line.strip().strip("|").split("|")]
+
+
+def markdown_html(md: str, folder: Path, title: str) -> str:
+    """A self-contained HTML page of a report's markdown: headings, paragraphs, lists, tables,
+    and its images (``![x](file.png)`` in ``folder``) embedded."""
+    out, para, items, rows = [], [], [], []
+
+    def flush() -> None:
+        if para:
+            out.append(f"<p>{_inline(' '.join(para))}</p>")
+        if items:
+            out.append("<ul>" + "".join(f"<li>{_inline(i)}</li>" for i in items) + "</ul>")
+        if rows:
+            head = "".join(f"<th>{_inline(c)}</th>" for c in _cells(rows[0]))
+            body = "".join(
+                "<tr>" + "".join(f"<td>{_inline(c)}</td>" for c in _cells(r)) + "</tr>" for r in rows[2:]
+            )
+            out.append(f"<table><tr>{head}</tr>{body}</table>")
+        para.clear(), items.clear(), rows.clear()
+
+    for line in md.splitlines():
+        heading = re.match(r"^(#{1,4}) (.*)", line)
+        image = re.match(r"^!\[[^\]]*\]\(([^)]+)\)$", line.strip())
+        kind = "row" if line.startswith("|") else "item" if line.startswith("- ") else "text"
+        if heading or image or not line.strip() or (kind != "row" and rows) or (kind != "item" and items):
+            flush()
+        if heading:
+            n = len(heading.group(1))
+            out.append(f"<h{n}>{_inline(heading.group(2))}</h{n}>")
+        elif image:
+            out.append(_embed(folder / image.group(1)))
+        elif kind == "row":
+            rows.append(line)
+        elif kind == "item":
+            items.append(line[2:])
+        elif line.strip():
+            para.append(line.strip())
+    flush()
+    style = (
+        "body{font-family:sans-serif;max-width:1100px;margin:auto}td,th{border:1px solid #ccc;"
+        "padding:4px 8px}table{border-collapse:collapse}img{max-width:100%}"
+    )
+    return (
+        f"<!doctype html><meta charset='utf-8'><title>{html.escape(title)}</title><style>{style}</style>"
+        + "\n".join(out)
+    )
+
+
+def write_markdown_report(md: str, report_dir: Path, title: str) -> Path:
+    """``report.md`` and its self-contained ``report.html`` in ``report_dir``; the path of report.md."""
+    (report_dir / "report.md").write_text(md)
+    (report_dir / "report.html").write_text(markdown_html(md, report_dir, title))
+    return report_dir / "report.md"
+
+
+def seeds_note(seeds: int) -> str:
+    return (
+        f"**{seeds} seed(s) only:** on small models seed-to-seed noise is larger than the effect; "
+        "use --seeds 5 or more before drawing a conclusion."
+    )
 
 
 def write_report(
-    runs: Mapping[str, Sequence[Records]], baseline: str, report_dir: Path, base: Config
-) -> Path:
-    """report.md, PNG plots (means over seeds) and a self-contained report.html in ``report_dir``."""
+    studies: Mapping[str, Sequence[StudyRun]], baseline: str, report_dir: Path, base: Config
+) -> tuple[Path, str]:
+    """report.md, PNG plots (means over seeds) and a self-contained report.html in ``report_dir``;
+    returns the path of report.md and the summary table (markdown)."""
     report_dir.mkdir(parents=True, exist_ok=True)
-    summaries = summarise(runs, baseline)
+    runs = {m: [r.records for r in rs] for m, rs in studies.items()}
+    summaries = summarise(runs, baseline, breaks={m: [r.breaks for r in rs] for m, rs in studies.items()})
     table = summary_table(summaries, baseline)
-    plots = write_plots({m: average_records(r) for m, r in runs.items()}, report_dir)
+    plots = write_plots({m: average_records([r for r in rr if r]) for m, rr in runs.items()}, report_dir)
     seeds = len(next(iter(runs.values())))
     depth = getattr(base.model, base.model.type, None)
     header = (
-        f"# ScaleLong comparison: {', '.join(runs)}\n\n"
         f"{base.model.type} ({'depth ' + str(depth.depth) if hasattr(depth, 'depth') else ''}), "
         f"data {base.data.name}, {base.train.steps} steps, batch {base.train.batch_size}, "
         f"{seeds} seed(s) from {base.train.seed}. Values are means over seeds ± the half-width of a "
         "95% t-interval; speed-ups are paired per seed. FD is the Frechet distance "
-        f"({base.eval.metric}) of EMA samples.\n"
+        f"({base.eval.metric}) of EMA samples."
     )
+    parts = [f"# ScaleLong comparison: {', '.join(runs)}", header]
     if seeds < 5:
-        header += (
-            f"\n**{seeds} seed(s) only:** on small models seed-to-seed noise is larger than the effect; "
-            "use --seeds 5 or more before drawing a conclusion.\n"
-        )
-    md = header + "\n" + table + "\n\n" + "\n".join(f"![{p.stem}]({p.name})" for p in plots) + "\n"
-    (report_dir / "report.md").write_text(md)
-    rows = "".join(
-        "<tr>" + "".join(f"<td>{c.strip()}</td>" for c in line.strip("|").split("|")) + "</tr>"
-        for line in table.splitlines()[2:]
-    )
-    head = "".join(f"<th>{c.strip()}</th>" for c in table.splitlines()[0].strip("|").split("|"))
-    html = (
-        "<!doctype html><meta charset='utf-8'><title>ScaleLong comparison</title>"
-        "<style>body{font-family:sans-serif;max-width:1100px;margin:auto}td,th{border:1px solid #ccc;"
-        "padding:4px 8px}table{border-collapse:collapse}img{max-width:100%}</style>"
-        f"<pre style='white-space:pre-wrap'>{header}</pre><table><tr>{head}</tr>{rows}</table>"
-        + "".join(_embed(p) for p in plots)
-    )
-    (report_dir / "report.html").write_text(html)
-    return report_dir / "report.md", table
+        parts.append(seeds_note(seeds))
+    parts.append(table)
+    broken = broken_runs(r for rs in studies.values() for r in rs)
+    if broken:
+        parts += ["## Runs that diverged or failed", DEFAULT_RULE.describe(), "\n".join(broken)]
+    parts.append("\n".join(f"![{p.stem}]({p.name})" for p in plots))
+    md = "\n\n".join(parts) + "\n"
+    return write_markdown_report(md, report_dir, "ScaleLong comparison"), table

@@ -1,8 +1,13 @@
-"""Where a run executes: the device, the Accelerate processes, signals.
+"""Where a run executes: the device, the Accelerate processes, signals, a pool of runs.
 
 ``scalelong train --num-processes N`` starts N processes of this machine with
 :func:`launch_processes`; ``accelerate launch -m scalelong.cli train ...`` does the same across
 nodes. Each process then builds its :func:`make_accelerator` from the config.
+
+Studies (``scalelong compare``, ``scalelong sweep``) run many independent runs: one after
+another, or ``--jobs J`` at a time with :func:`pool_map`, whose workers divide the machine's
+cores among them (:func:`share_cores`) so that J runs never ask for more threads than there are
+cores. Torch processes that each take every core slow each other down many times over.
 """
 
 from __future__ import annotations
@@ -13,8 +18,10 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import ProcessPoolExecutor, as_completed
 from contextlib import contextmanager
+from multiprocessing import get_context
 
 import torch
 
@@ -109,3 +116,77 @@ def launch_processes(n: int, cli_args: list[str]) -> int:
                 p.kill()
             p.wait()
     return code or max(p.returncode for p in procs)
+
+
+# ----------------------------------------------------------------------------- a pool of runs
+
+
+def cpu_cores() -> int:
+    """The cores this process may run on: its affinity mask where the system has one."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # macOS, Windows
+        return os.cpu_count() or 1
+
+
+def share_cores(jobs: int, cores: int | None = None) -> tuple[int, int]:
+    """(workers, torch threads per worker) for ``jobs`` runs at a time on ``cores`` cores.
+
+    More jobs than cores are clamped to the cores, with a warning; each worker gets
+    ``max(1, cores // workers)`` threads, so all of them together stay within the machine.
+    """
+    if jobs < 1:
+        raise ScaleLongError(f"--jobs must be >= 1, got {jobs}")
+    cores = cores or cpu_cores()
+    if jobs > cores:
+        print(
+            f"warning: --jobs {jobs} exceeds the {cores} cores here; running {cores} at a time",
+            file=sys.stderr,
+        )
+        jobs = cores
+    return jobs, max(1, cores // jobs)
+
+
+def _init_worker(threads: int) -> None:
+    # Before any torch work of the worker: intra-op and inter-op pools both sized to its share.
+    torch.set_num_threads(threads)
+    try:
+        torch.set_num_interop_threads(threads)
+    except RuntimeError:  # settable only before the first parallel work; a fresh worker has done none
+        pass
+
+
+def pool_map(
+    fn: Callable, args: Sequence[tuple], jobs: int = 1, threads: int | None = None
+) -> Iterator[tuple[int, object]]:
+    """``(i, fn(*args[i]))`` for every i, in the order they finish.
+
+    ``jobs`` 1: one after another in this process, its thread settings untouched. ``jobs`` > 1:
+    that many spawned worker processes (at most one per core and per item), each with ``threads``
+    torch threads (default: its share of the cores, :func:`share_cores`); ``fn`` and ``args`` must
+    then pickle. An exception ends only its own item: it is yielded in place of the result and
+    the other items go on (a KeyboardInterrupt ends them all).
+    """
+    workers = min(share_cores(jobs)[0], len(args))
+    if workers <= 1:
+        for i, a in enumerate(args):
+            try:
+                yield i, fn(*a)
+            except Exception as e:  # one item's failure is its result
+                yield i, e
+        return
+    pool = ProcessPoolExecutor(
+        workers,
+        mp_context=get_context("spawn"),  # no fork of a process that already runs torch threads
+        initializer=_init_worker,
+        initargs=(threads or share_cores(workers)[1],),
+    )
+    try:
+        futures = {pool.submit(fn, *a): i for i, a in enumerate(args)}
+        for future in as_completed(futures):
+            try:
+                yield futures[future], future.result()
+            except Exception as e:  # a worker that died (BrokenProcessPool) included
+                yield futures[future], e
+    finally:
+        pool.shutdown(wait=True, cancel_futures=True)

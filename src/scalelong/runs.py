@@ -96,17 +96,18 @@ RESUME_FREE_KEYS = (
 )
 
 
-def config_differences(old: dict, new: dict, prefix: str = "") -> list[str]:
-    """``key: old -> new`` for every dotted key that differs, except :data:`RESUME_FREE_KEYS`."""
+def config_differences(
+    old: dict, new: dict, prefix: str = "", free: tuple[str, ...] = RESUME_FREE_KEYS
+) -> list[str]:
+    """``key: old -> new`` for every dotted key that differs, except the ``free`` ones (keys, or
+    prefixes ending in a dot; by default :data:`RESUME_FREE_KEYS`)."""
     out = []
     for key in sorted(set(old) | set(new)):
         dotted = f"{prefix}{key}"
         a, b = old.get(key), new.get(key)
         if isinstance(a, dict) and isinstance(b, dict):
-            out += config_differences(a, b, f"{dotted}.")
-        elif a != b and not any(
-            dotted == k or (k.endswith(".") and dotted.startswith(k)) for k in RESUME_FREE_KEYS
-        ):
+            out += config_differences(a, b, f"{dotted}.", free)
+        elif a != b and not any(dotted == k or (k.endswith(".") and dotted.startswith(k)) for k in free):
             out.append(f"{dotted}: {a!r} -> {b!r}")
     return out
 

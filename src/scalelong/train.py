@@ -126,6 +126,10 @@ class TrainingStopped(ScaleLongError):
         return type(self), (str(self), self.step, self.kind)
 
 
+class TrainingInterrupted(ScaleLongError):
+    """Ctrl-C or SIGTERM ended a run; the run directory holds its last complete checkpoint."""
+
+
 @dataclass
 class RunResult:
     run_dir: Path
@@ -728,7 +732,7 @@ def _fit(trainer: Trainer, progress: bool, start_state: dict | None) -> RunResul
             f"interrupted at step {trainer.step}; {run} holds the last complete checkpoint, "
             "re-run the same command to resume"
         )
-        raise ScaleLongError(error) from None
+        raise TrainingInterrupted(error) from None
     except TrainingStopped as e:  # an outcome of the run: where it stopped goes in the summary
         status, error, stopped = "stopped", str(e), {"step": e.step, "kind": e.kind}
         raise
