@@ -1,4 +1,4 @@
-"""Command line: ``scalelong train | info | sample | eval | fid-stats | compare | analyze |
+"""Command line: ``scalelong train | info | sample | eval | fid-stats | compare | sweep | analyze |
 extract-features``.
 
 Every mistake a user can make (config, data, checkpoint, arguments) ends in one line on stderr
@@ -312,6 +312,23 @@ def _report_paths(result) -> int:
     return 0
 
 
+def cmd_sweep(args: argparse.Namespace) -> int:
+    from scalelong.compare import parse_methods
+    from scalelong.config import load_config
+    from scalelong.sweep import parse_numbers, run_sweep
+
+    methods = parse_methods(args.methods)
+    lrs = parse_numbers(args.lrs, "--lrs")
+    depths = parse_numbers(args.depths, "--depths", int) if args.depths else None
+    cfg = load_config(args.config, args.overrides)
+    sweep_dir = Path(cfg.out_dir) / f"{args.name or cfg.name}-sweep"
+    result = run_sweep(
+        cfg, methods, lrs, depths, args.seeds, sweep_dir, jobs=args.jobs, progress=not args.no_progress
+    )
+    print(f"\n{result.table}\n")
+    return _report_paths(result)
+
+
 def cmd_analyze(args: argparse.Namespace) -> int:
     from scalelong.plots import load_metrics, write_plots
     from scalelong.runs import RunDir, writer_of
@@ -356,6 +373,25 @@ def _add_study_commands(sub) -> None:
     _add_jobs_arg(p)
     p.add_argument("--no-progress", action="store_true", help="no progress bars")
     p.set_defaults(func=cmd_compare)
+
+    p = sub.add_parser(
+        "sweep",
+        help="the stability map: methods x learning rates (x depths), several seeds",
+        description="Train every (depth, lr, method) cell for K seeds and write, into "
+        "<out_dir>/<name>-sweep, a heatmap per depth, the largest stable lr of each method and "
+        "report.md / report.html. A run that diverges is recorded, not an abort. Finished runs are "
+        "reused, and the report covers every finished run of this config in the folder, so a later "
+        "call with more --seeds or other --lrs adds to the map.",
+    )
+    _add_config_args(p)
+    p.add_argument("--methods", default="none,sqrt2,cs,ls", help="comma-separated skip methods")
+    p.add_argument("--lrs", default="2e-3,5e-3,1e-2,2e-2", help="comma-separated learning rates (optim.lr)")
+    p.add_argument("--depths", default=None, help="comma-separated U-ViT depths (model.uvit.depth)")
+    p.add_argument("--seeds", type=int, default=1, help="seeds per cell, from train.seed on")
+    p.add_argument("--name", default=None, help="the sweep folder is <out_dir>/<name>-sweep (default: name)")
+    _add_jobs_arg(p)
+    p.add_argument("--no-progress", action="store_true", help="no progress bars")
+    p.set_defaults(func=cmd_sweep)
 
     p = sub.add_parser(
         "analyze", help="plots of one run", description="Draw the comparison plots for one existing run."

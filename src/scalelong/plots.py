@@ -192,6 +192,56 @@ def _varying_coefficients(records: Records) -> bool:
     return any(len(v) > 1 for v in values.values())
 
 
+def plot_stability_map(
+    values: Sequence[Sequence[float]],
+    notes: Sequence[Sequence[str]],
+    marked: Sequence[Sequence[bool]],
+    rows: Sequence[str],
+    cols: Sequence[str],
+    path: str | Path,
+    title: str = "",
+    metric: str = "",
+) -> Path:
+    """A heatmap of ``values[row][col]`` (rows: methods, columns: learning rates; NaN: grey),
+    each cell with its value and ``notes`` written in it; ``marked`` cells (diverged) hatched."""
+    from matplotlib import colormaps
+    from matplotlib.colors import LogNorm
+    from matplotlib.patches import Rectangle
+
+    finite = [v for row in values for v in row if math.isfinite(v)]
+    fig, axes = _figure(size=(1.2 + 1.5 * len(cols), 1.0 + 0.7 * len(rows)))
+    ax = axes[0][0]
+    norm = (
+        LogNorm(min(finite), max(finite))
+        if finite and min(finite) > 0 and max(finite) > min(finite)
+        else None
+    )
+    grid = [[v if math.isfinite(v) else math.nan for v in row] for row in values]
+    cmap = colormaps["viridis_r"].with_extremes(bad="lightgrey")  # lower is better: bright
+    image = ax.imshow(grid, cmap=cmap, norm=norm, aspect="auto")
+    for i, row in enumerate(values):
+        for j, v in enumerate(row):
+            text = ("" if not math.isfinite(v) else f"{v:.3g}") + (f"\n{notes[i][j]}" if notes[i][j] else "")
+            ax.text(
+                j,
+                i,
+                text,
+                ha="center",
+                va="center",
+                fontsize=8,
+                bbox={"facecolor": "white", "alpha": 0.7, "edgecolor": "none", "pad": 1},
+            )
+            if marked[i][j]:
+                ax.add_patch(
+                    Rectangle((j - 0.5, i - 0.5), 1, 1, fill=False, hatch="xx", edgecolor="red", lw=1.5)
+                )
+    ax.set_xticks(range(len(cols)), cols)
+    ax.set_yticks(range(len(rows)), rows)
+    ax.set(xlabel="learning rate", ylabel="skip method", title=title)
+    fig.colorbar(image, ax=ax, label=f"final {metric}, mean over seeds".strip())
+    return _save(fig, path)
+
+
 def write_plots(
     records_by_method: Mapping[str, Records], out_dir: str | Path, fd_key: str = "fd"
 ) -> list[Path]:
@@ -227,5 +277,6 @@ __all__ = [
     "plot_coefficients",
     "plot_noise_levels",
     "last_noise_levels",
+    "plot_stability_map",
     "write_plots",
 ]

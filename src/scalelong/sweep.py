@@ -1,0 +1,305 @@
+"""``scalelong sweep``: the stability map. Which learning rates does each skip method survive, and
+how does that change with depth?
+
+Every cell (depth, lr, method) trains K seeds (``train.seed + k``) as ordinary runs under
+``<out_dir>/<name>-sweep/runs/d12-lr0.01-cs-seed0``. A run that diverges is a result: each run is
+judged by :func:`scalelong.compare.divergence` and the others go on. The report covers every
+finished run of the same base config in that folder, so a later call with more seeds or other
+learning rates adds to the cells, and the report shows the union (with each cell's seed count).
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from scalelong.compare import (
+    DEFAULT_RULE,
+    STUDY_FREE_KEYS,
+    Divergence,
+    DivergenceRule,
+    StudyResult,
+    StudyRun,
+    _last,
+    _mean_of,
+    broken_runs,
+    concluded,
+    criteria,
+    fmt_ci,
+    mean_ci,
+    read_run,
+    run_all,
+    seeds_note,
+    write_markdown_report,
+)
+from scalelong.config import Config, config_from_dict, config_to_dict, read_yaml, validate
+from scalelong.errors import ScaleLongError
+from scalelong.plots import plot_stability_map
+from scalelong.runs import RunDir, config_differences
+from scalelong.skips import METHODS
+
+
+@dataclass(frozen=True)
+class Cell:
+    """One point of the map."""
+
+    depth: int | None  # model.uvit.depth; None for a backbone without one
+    lr: float
+    method: str
+
+    def name(self, seed: int) -> str:
+        """The run's folder name, e.g. ``d12-lr0.01-cs-seed0``."""
+        depth = "" if self.depth is None else f"d{self.depth}-"
+        return f"{depth}lr{self.lr:g}-{self.method}-seed{seed}"
+
+
+def parse_numbers(text: str, flag: str, kind: type = float) -> list:
+    """``"2e-3,5e-3"`` -> [0.002, 0.005]: positive, finite, distinct numbers of ``kind``."""
+    try:
+        values = [kind(v) for v in text.split(",") if v.strip()]
+    except ValueError:
+        raise ScaleLongError(
+            f"{flag} {text!r}: give comma-separated numbers, e.g. {flag} 2e-3,5e-3"
+        ) from None
+    if not values or any(not (math.isfinite(v) and v > 0) for v in values):
+        raise ScaleLongError(f"{flag} {text!r}: every value must be a positive number")
+    if len(set(values)) != len(values):
+        raise ScaleLongError(f"{flag} {text!r} names a value twice")
+    return values
+
+
+def cell_of(cfg: Config) -> Cell:
+    depth = cfg.model.uvit.depth if cfg.model.type == "uvit" else None
+    return Cell(depth, cfg.optim.lr, cfg.model.skip.method)
+
+
+def cell_config(base: Config, cell: Cell, seed: int, runs_dir: Path) -> Config:
+    """The config of one run of ``cell``, validated (an invalid cell is named in the error)."""
+    cfg = copy.deepcopy(base)
+    cfg.model.skip.method, cfg.optim.lr, cfg.train.seed = cell.method, cell.lr, seed
+    if cell.depth is not None:
+        cfg.model.uvit.depth = cell.depth
+    cfg.out_dir, cfg.name = str(runs_dir), cell.name(seed)
+    try:
+        validate(cfg)
+    except ScaleLongError as e:
+        raise ScaleLongError(f"sweep cell {cfg.name}: {e}") from None
+    return cfg
+
+
+def plan(
+    base: Config,
+    methods: Sequence[str],
+    lrs: Sequence[float],
+    depths: Sequence[int] | None,
+    seeds: int,
+    runs_dir: Path,
+) -> list[Config]:
+    """Every run of the sweep, each config validated before any run starts; seed by seed, so a
+    sweep cut short covers every cell with its first seeds."""
+    if seeds < 1:
+        raise ScaleLongError(f"--seeds must be >= 1, got {seeds}")
+    if depths and base.model.type != "uvit":
+        raise ScaleLongError(
+            f"--depths sets model.uvit.depth; model.type={base.model.type} has no single depth to "
+            f"sweep: run one sweep per size, with overrides of model.{base.model.type}"
+        )
+    depth_list = list(depths or [cell_of(base).depth])
+    return [
+        cell_config(base, Cell(d, lr, m), base.train.seed + k, runs_dir)
+        for k in range(seeds)
+        for d in depth_list
+        for lr in lrs
+        for m in methods
+    ]
+
+
+def collect(base: Config, runs_dir: Path, rule: DivergenceRule = DEFAULT_RULE) -> dict[Cell, list[StudyRun]]:
+    """Every concluded run in ``runs_dir`` of the base config (up to its cell, seed and
+    :data:`~scalelong.compare.STUDY_FREE_KEYS`), by cell, in seed order."""
+    found: dict[Cell, list[tuple[int, StudyRun]]] = {}
+    for path in sorted(runs_dir.iterdir()) if runs_dir.is_dir() else []:
+        run = RunDir(path)
+        if not (concluded(run) and run.config_file.is_file()):
+            continue
+        data = read_yaml(run.config_file)
+        try:
+            cfg = config_from_dict(data)
+            expected = cell_config(base, cell_of(cfg), cfg.train.seed, runs_dir)
+        except ScaleLongError:  # a config of another version or base: not part of this map
+            continue
+        if not config_differences(data, config_to_dict(expected), free=STUDY_FREE_KEYS):
+            found.setdefault(cell_of(cfg), []).append((cfg.train.seed, read_run(path, rule)))
+    return {cell: [r for _, r in sorted(runs, key=lambda x: x[0])] for cell, runs in found.items()}
+
+
+@dataclass
+class CellSummary:
+    """The seeds of one cell: the map's metric, stability statistics, and which seeds diverged."""
+
+    cell: Cell
+    final: list[float]  # final FD (or loss) per seed
+    feature_osc: list[float]  # mean sliding-window std of the hidden-feature norm per seed
+    spikes: list[float]  # loss spikes per seed
+    breaks: list[list[Divergence]]  # per seed; empty: healthy
+
+    @property
+    def seeds(self) -> int:
+        return len(self.final)
+
+    @property
+    def diverged(self) -> int:
+        return sum(bool(b) for b in self.breaks)
+
+
+def summarise_cells(runs: Mapping[Cell, Sequence[StudyRun]], key: str) -> list[CellSummary]:
+    """One :class:`CellSummary` per cell; ``key`` is ``fd`` or ``loss``."""
+    return [
+        CellSummary(
+            cell,
+            [_last(r.records, key) for r in rs],
+            [_mean_of(r.records, "osc/feature_norm_std") for r in rs],
+            [_last(r.records, "spikes") for r in rs],
+            [r.breaks for r in rs],
+        )
+        for cell, rs in runs.items()
+    ]
+
+
+def _span(values: Sequence[int]) -> str:
+    lo, hi = min(values, default=0), max(values, default=0)
+    return f"{lo}" if lo == hi else f"{lo} to {hi}"
+
+
+def _finite_or_inf(x: float) -> float:
+    return x if math.isfinite(x) else math.inf
+
+
+def _method_order(method: str) -> tuple[int, str]:
+    return (METHODS.index(method) if method in METHODS else len(METHODS), method)
+
+
+def stability_table(cells: Sequence[CellSummary], metric: str) -> str:
+    """Per method: the largest stable lr (no seed diverged) and the best final ``metric`` among
+    the stable lrs, mean ± 95% t-interval over its seeds."""
+    lines = [
+        f"| method | largest stable lr | best final {metric} (stable lrs) | at lr | seeds |",
+        "|---|---|---|---|---|",
+    ]
+    for method in sorted({c.cell.method for c in cells}, key=_method_order):
+        mine = sorted((c for c in cells if c.cell.method == method), key=lambda c: c.cell.lr)
+        stable = [c for c in mine if c.diverged == 0]
+        if not stable:
+            lines.append(f"| {method} | none: every lr diverged | n/a | | |")
+            continue
+        top = stable[-1].cell.lr
+        largest = f"{top:g}" + (" (the largest tried)" if top == mine[-1].cell.lr else "")
+        best = min(stable, key=lambda c: (_finite_or_inf(mean_ci(c.final)[0]), c.cell.lr))
+        lines.append(f"| {method} | {largest} | {fmt_ci(best.final)} | {best.cell.lr:g} | {best.seeds} |")
+    return "\n".join(lines)
+
+
+def cell_table(cells: Sequence[CellSummary], metric: str) -> str:
+    """Every cell: mean ± 95% interval over seeds of the final ``metric``, feature-norm
+    oscillation, spikes, and how many seeds diverged by which criterion."""
+    lines = [
+        f"| method | lr | seeds | final {metric} | feature-norm osc. std | loss spikes | diverged |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for c in sorted(cells, key=lambda c: (_method_order(c.cell.method), c.cell.lr)):
+        lines.append(
+            f"| {c.cell.method} | {c.cell.lr:g} | {c.seeds} | {fmt_ci(c.final)} | {fmt_ci(c.feature_osc)} "
+            f"| {fmt_ci(c.spikes)} | {criteria(c.breaks)} |"
+        )
+    return "\n".join(lines)
+
+
+def draw_map(cells: Sequence[CellSummary], path: Path, title: str, metric: str) -> Path:
+    """The heatmap of one depth: methods x lrs, coloured by the mean final ``metric``."""
+    methods = sorted({c.cell.method for c in cells}, key=_method_order)
+    lrs = sorted({c.cell.lr for c in cells})
+    at = {(c.cell.method, c.cell.lr): c for c in cells}
+    values, notes, marked = [], [], []
+    for m in methods:
+        row = [at.get((m, lr)) for lr in lrs]
+        values.append([mean_ci(c.final)[0] if c else math.nan for c in row])
+        notes.append(
+            [
+                "" if c is None else f"{c.diverged}/{c.seeds} diverged" if c.diverged else f"n={c.seeds}"
+                for c in row
+            ]
+        )
+        marked.append([bool(c and c.diverged) for c in row])
+    return plot_stability_map(values, notes, marked, methods, [f"{lr:g}" for lr in lrs], path, title, metric)
+
+
+def write_sweep_report(
+    base: Config,
+    runs: Mapping[Cell, Sequence[StudyRun]],
+    sweep_dir: Path,
+    failed: Sequence[StudyRun] = (),
+    rule: DivergenceRule = DEFAULT_RULE,
+) -> tuple[Path, str]:
+    """report.md, one heatmap per depth and report.html in ``sweep_dir``; returns the path of
+    report.md and the stability tables (markdown)."""
+    sweep_dir.mkdir(parents=True, exist_ok=True)
+    key, metric = ("fd", f"FD ({base.eval.metric})") if base.eval.every > 0 else ("loss", "loss")
+    cells = summarise_cells(runs, key)
+    seeds = [c.seeds for c in cells]
+    methods = sorted({c.cell.method for c in cells}, key=_method_order)
+    parts = [
+        f"# ScaleLong stability map: {', '.join(methods)}",
+        f"{base.model.type}, data {base.data.name}, {base.train.steps} steps, batch "
+        f"{base.train.batch_size}, warm-up {base.optim.warmup_steps} steps; {len(runs)} cells with "
+        f"{_span(seeds)} seed(s) each: every finished run of this config in this folder. The colour is "
+        f"the final {metric}, mean over seeds (lower is better); values are means ± the half-width of "
+        "a 95% t-interval. A learning rate is **stable** for a method when no seed diverged there.",
+        rule.describe(),
+    ]
+    if min(seeds, default=0) < 5:
+        parts.append(seeds_note(min(seeds, default=0)))
+    tables = []
+    for depth in sorted({c.cell.depth for c in cells}, key=lambda d: d or 0):
+        mine = [c for c in cells if c.cell.depth == depth]
+        label = "" if depth is None else f"depth {depth}"
+        png = draw_map(
+            mine, sweep_dir / f"stability{'' if depth is None else f'_d{depth}'}.png", label, metric
+        )
+        table = stability_table(mine, metric)
+        tables.append((f"{label}:\n\n" if label else "") + table)
+        parts += [f"## {label or 'All cells'}", f"![{png.stem}]({png.name})", table, cell_table(mine, metric)]
+    broken = broken_runs([r for rs in runs.values() for r in rs] + list(failed))
+    if broken:
+        parts += ["## Runs that diverged or failed", "\n".join(broken)]
+    report = write_markdown_report("\n\n".join(parts) + "\n", sweep_dir, "ScaleLong stability map")
+    return report, "\n\n".join(tables)
+
+
+def run_sweep(
+    base: Config,
+    methods: Sequence[str],
+    lrs: Sequence[float],
+    depths: Sequence[int] | None,
+    seeds: int,
+    sweep_dir: Path,
+    jobs: int = 1,
+    progress: bool = True,
+    train_kwargs: Mapping | None = None,
+    rule: DivergenceRule = DEFAULT_RULE,
+) -> StudyResult:
+    """Train every cell's seeds (reusing finished runs; ``jobs`` at a time), then write the map
+    of every finished run of this config in ``sweep_dir``. A diverged run is a result; a run
+    that fails is reported and left out."""
+    runs_dir = sweep_dir / "runs"
+    cfgs = plan(base, methods, lrs, depths, seeds, runs_dir)
+    outcomes = run_all(cfgs, jobs, progress, train_kwargs)
+    failed = [
+        read_run(c.run_dir, error=o.message)
+        for c, o in zip(cfgs, outcomes, strict=True)
+        if o.status == "failed"
+    ]
+    report, tables = write_sweep_report(base, collect(base, runs_dir, rule), sweep_dir, failed, rule)
+    return StudyResult(report, tables, outcomes)

@@ -1,0 +1,107 @@
+"""The stability map (`scalelong sweep`): cells, validation, divergence as a result, reuse, seeds added."""
+
+import json
+
+import pytest
+
+from conftest import learning_uvit_overrides
+from scalelong.cli import main
+from scalelong.compare import Divergence
+from scalelong.errors import ScaleLongError
+from scalelong.sweep import Cell, CellSummary, cell_table, parse_numbers, stability_table
+
+
+def sweep_command(tmp_path):
+    return ["sweep", "configs/demo.yaml", *learning_uvit_overrides(tmp_path), "--no-progress"]
+
+
+def test_parse_numbers_and_cell_names():
+    assert parse_numbers("2e-3, 5e-3,1e-2", "--lrs") == [0.002, 0.005, 0.01]
+    assert parse_numbers("12,16", "--depths", int) == [12, 16]
+    for bad in ("abc", "0", "1e-3,1e-3", "", "nan"):
+        with pytest.raises(ScaleLongError, match="--lrs"):
+            parse_numbers(bad, "--lrs")
+    assert Cell(12, 0.01, "cs").name(0) == "d12-lr0.01-cs-seed0"
+    assert Cell(None, 2e-3, "ls-nonshare").name(3) == "lr0.002-ls-nonshare-seed3"
+
+
+def test_every_cell_is_validated_before_any_run(tmp_path, capsys):
+    base = sweep_command(tmp_path)
+    assert main([*base, "--depths", "4,3"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "d3-lr" in err and "model.uvit.depth must be an even number" in err
+    assert main([*base, "--lrs", "1e-2,x"]) == 2
+    assert main(["sweep", "configs/cifar10_unet_ddpm.yaml", "data.path=/nowhere", "--depths", "4"]) == 2
+    assert "--depths sets model.uvit.depth; model.type=unet" in capsys.readouterr().err
+    assert not any(tmp_path.iterdir())  # nothing was trained, nothing written
+
+
+def test_tables_name_the_largest_stable_lr_and_the_best_stable_cell():
+    broke = [Divergence("loss", 40, "")]
+
+    def cell(method, lr, finals, breaks):
+        return CellSummary(Cell(12, lr, method), finals, [1.0] * len(finals), [0.0] * len(finals), breaks)
+
+    cells = [
+        cell("none", 2e-3, [0.30, 0.32], [[], []]),
+        cell("none", 1e-2, [0.20, 0.24], [[], broke]),  # lowest, but one seed diverged: not stable
+        cell("none", 5e-3, [0.25, 0.27], [[], []]),
+        cell("cs", 2e-3, [0.30], [[]]),
+        cell("cs", 1e-2, [0.22], [[]]),
+        cell("ls", 2e-3, [1.0], [broke]),
+    ]
+    table = stability_table(cells, "loss").splitlines()
+    # mean 0.26, t(0.975, 1) x stdev 0.01414 / sqrt(2) = 12.706 x 0.01 = 0.127
+    assert table[2] == "| none | 0.005 | 0.26 ± 0.13 | 0.005 | 2 |"
+    assert table[3] == "| cs | 0.01 (the largest tried) | 0.22 | 0.01 | 1 |"
+    assert table[4] == "| ls | none: every lr diverged | n/a | | |"
+    rows = cell_table(cells, "loss").splitlines()
+    assert [r.split("|")[1:3] for r in rows[2:5]] == [
+        [" none ", " 0.002 "],
+        [" none ", " 0.005 "],
+        [" none ", " 0.01 "],
+    ]
+    assert rows[4] == "| none | 0.01 | 2 | 0.22 ± 0.25 | 1 ± 0 | 0 ± 0 | 1/2 (loss) |"
+
+
+def mtimes(folder):
+    return {p.parent.name: p.stat().st_mtime_ns for p in sorted(folder.glob("runs/*/summary.json"))}
+
+
+@pytest.mark.slow
+def test_sweep_records_divergence_reuses_runs_and_adds_seeds(tmp_path, capsys):
+    command = sweep_command(tmp_path)
+    grid = ["--methods", "none,cs", "--lrs", "2e-2,1e3", "--depths", "4"]
+    assert main([*command, *grid]) == 0
+    out = capsys.readouterr().out
+    sweep = tmp_path / "t-sweep"
+    for name in ("report.md", "report.html", "stability_d4.png"):
+        assert (sweep / name).is_file(), name
+    assert "data:image/png;base64," in (sweep / "report.html").read_text()
+    # lr 1e3 diverges at once: the run stops after 3 non-finite steps, and that is a result
+    stopped = json.loads((sweep / "runs/d4-lr1000-none-seed0/summary.json").read_text())
+    assert stopped["status"] == "stopped" and stopped["stopped"] == {"step": 4, "kind": "nonfinite"}
+    report = (sweep / "report.md").read_text()
+    assert "| none | 0.02 | 1 | " in report and "| 0/1 |" in report
+    assert "| none | 1000 | 1 | " in report and "| 1/1 (nonfinite) |" in report
+    assert "- `d4-lr1000-cs-seed0`: nonfinite at step 4" in report
+    rows = [line for line in out.splitlines() if line.startswith("| none ") or line.startswith("| cs ")]
+    assert rows == [line for line in rows if "| 0.02 |" in line] and len(rows) == 2  # largest stable lr
+    assert f"report: {sweep / 'report.md'}" in out
+
+    # the same command again: every run is reused, none retrained
+    before = mtimes(sweep)
+    assert len(before) == 4
+    assert main([*command, *grid]) == 0
+    assert "parameters" not in capsys.readouterr().out
+    assert mtimes(sweep) == before
+
+    # more seeds at the decisive lr: only the new runs train, and the report shows the union
+    assert main([*command, "--methods", "none,cs", "--lrs", "2e-2", "--depths", "4", "--seeds", "2"]) == 0
+    out = capsys.readouterr().out
+    assert out.count("parameters") == 2
+    after = mtimes(sweep)
+    assert {k: after[k] for k in before} == before and len(after) == 6
+    report = (sweep / "report.md").read_text()
+    assert "| none | 0.02 | 2 | " in report and "| none | 1000 | 1 | " in report
+    assert "1 to 2 seed(s) each" in report
