@@ -62,6 +62,9 @@ REGISTRY = {
     "checkpoint_cost": Bench(
         "checkpoint_cost", "full-state checkpoint cost", device_flag=False, default=False
     ),
+    "sweep_pool": Bench(
+        "sweep_pool", "a tiny sweep: 2 workers sharing the cores vs one after another", device_flag=False
+    ),
 }
 
 
@@ -277,6 +280,21 @@ def data_sampling_section(quick: bool) -> list[str]:
     return ["**Data and sampling**.", "", markdown_table(["what", "value", "goal", "", "mode"], rows)]
 
 
+def studies_section(quick: bool) -> list[str]:
+    r, mode = load("sweep_pool", quick)
+    if r is None:
+        return []
+    rows = [
+        [arm, r["threads"][arm], f"{r['median_s'][arm]:.1f}", f"{r['ratio'][arm]:.2f}"] for arm in r["ratio"]
+    ]
+    return [
+        f"**Studies on a shared CPU**: wall time of a tiny `scalelong sweep` ({r['runs']} runs of "
+        f"{r['steps']} steps, {r['cores']} cores), interleaved ({mode}).",
+        "",
+        markdown_table(["--jobs", "torch threads per run", "median s", "ratio to --jobs 1"], rows),
+    ]
+
+
 def summary(quick: bool) -> str:
     parts = [
         overhead_section,
@@ -284,6 +302,7 @@ def summary(quick: bool) -> str:
         throughput_section,
         fast_path_section,
         data_sampling_section,
+        studies_section,
     ]
     blocks = ["\n".join(p(quick)) for p in parts]
     m, _ = load("method_overhead", quick)
