@@ -291,7 +291,7 @@ def studies_section(quick: bool) -> list[str]:
         f"**Studies on a shared CPU**: wall time of a tiny `scalelong sweep` ({r['runs']} runs of "
         f"{r['steps']} steps, {r['cores']} cores), interleaved ({mode}).",
         "",
-        markdown_table(["--jobs", "torch threads per run", "median s", "ratio to --jobs 1"], rows),
+        markdown_table(["arm", "torch threads per run", "median s", "ratio to --jobs 1"], rows),
     ]
 
 
