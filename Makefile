@@ -27,7 +27,7 @@ demo: setup
 	echo "make demo: $$(( $$(date +%s) - start )) s elapsed"; exit $$status
 
 test: setup
-	$(BIN)/python -m pytest
+	$(BIN)/python -m pytest -n auto  # one worker per core; each test runs single-threaded
 
 bench: setup
 	$(BIN)/python -m benchmarks
