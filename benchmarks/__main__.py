@@ -62,6 +62,12 @@ REGISTRY = {
     "checkpoint_cost": Bench(
         "checkpoint_cost", "full-state checkpoint cost", device_flag=False, default=False
     ),
+    "ideal_denoiser": Bench(
+        "ideal_denoiser",
+        "per-noise-level x0 error of the training set's posterior mean",
+        device_flag=False,
+        default=False,
+    ),
     "sweep_pool": Bench(
         "sweep_pool", "a tiny sweep: 2 workers sharing the cores vs one after another", device_flag=False
     ),

@@ -1,4 +1,5 @@
-"""The network's output parameterisation (diffusion.prediction): eps or v.
+"""The network's output parameterisation (diffusion.prediction): eps, v or x0; and the training
+times (diffusion.time_sampling).
 
 Both are read back as epsilon before any sampler sees them, so the checks are: the training
 target and the conversion invert each other on both schedules, an exact v-predictor drives the
@@ -12,16 +13,22 @@ import pytest
 import torch
 from torch import nn
 
-from scalelong.config import PREDICTION_NAMES, load_config
+from scalelong.config import PREDICTION_NAMES, TIME_SAMPLINGS, load_config
 from scalelong.diffusion import (
     PREDICTIONS,
     VPSDE,
+    X0_LOSS_SIGMA_MIN,
     DiscreteDDPM,
     add_noise,
+    denoising_loss,
     epsilon_to_x0,
+    input_free_loss,
     noise_level_errors,
     output_to_epsilon,
     prediction_target,
+)
+from scalelong.diffusion import (
+    TIME_SAMPLINGS as SCHEDULE_TIME_SAMPLINGS,
 )
 from scalelong.errors import ScaleLongError
 from scalelong.sampling import get_sampler, model_eps_fn, randn
@@ -29,7 +36,9 @@ from scalelong.sampling import get_sampler, model_eps_fn, randn
 MU, S = 0.3, 0.5
 
 
-@pytest.mark.parametrize("schedule", [VPSDE(prediction="v"), DiscreteDDPM(prediction="v")])
+@pytest.mark.parametrize(
+    "schedule", [VPSDE(prediction=p) for p in ("v", "x0")] + [DiscreteDDPM(prediction=p) for p in ("v", "x0")]
+)
 def test_target_and_conversion_invert_each_other(schedule):
     gen = torch.Generator().manual_seed(0)
     x0, noise = torch.randn(64, 1, 4, 4, generator=gen), torch.randn(64, 1, 4, 4, generator=gen)
@@ -40,6 +49,55 @@ def test_target_and_conversion_invert_each_other(schedule):
     torch.testing.assert_close(eps, noise, atol=1e-4, rtol=1e-4)
     torch.testing.assert_close(epsilon_to_x0(schedule, x_t, t, eps), x0, atol=2e-3, rtol=1e-3)
     assert not torch.allclose(v, noise, atol=0.1)  # v is not the noise: the test can tell them apart
+
+
+class ExactX0(nn.Module):
+    """The posterior mean E[x0 | x_t] for Gaussian data N(MU, S^2 I) on the VP-SDE."""
+
+    def forward(self, x: torch.Tensor, model_t: torch.Tensor) -> torch.Tensor:
+        a, s = (v.double().view(-1, 1, 1, 1) for v in VPSDE().alpha_sigma(model_t.double() / 999.0))
+        return (MU + a * S**2 * (x.double() - a * MU) / (a**2 * S**2 + s**2)).float()
+
+
+def test_samplers_read_x0_outputs():
+    schedule = VPSDE(prediction="x0")
+    x = sample(ExactX0(), schedule)
+    assert abs(x.mean().item() - MU) < 0.02 and abs(x.std().item() - S) < 0.02
+
+
+def test_x0_loss_is_the_v_loss_with_a_floored_sigma():
+    """Predicting x0, the loss is (x0 error / sigma)^2, i.e. v-prediction's loss of the same guess."""
+    x0, noise = (
+        torch.full((3, 1, 2, 2), 0.5),
+        torch.randn(3, 1, 2, 2, generator=torch.Generator().manual_seed(0)),
+    )
+    t = torch.tensor([0.9, 0.3, 1e-4])
+    x0_loss = denoising_loss(Zero(), VPSDE(prediction="x0"), x0, t, noise)
+    sigma = VPSDE().alpha_sigma(t)[1]
+    torch.testing.assert_close(x0_loss, 0.25 / sigma.clamp(min=X0_LOSS_SIGMA_MIN) ** 2)
+
+    class V(nn.Module):  # the v that stands for the guess x0 = 0
+        def forward(self, x, model_t):
+            a, s = (v.view(-1, 1, 1, 1) for v in VPSDE().alpha_sigma(model_t / 999.0))
+            return a * x / s
+
+    v_loss = denoising_loss(V(), VPSDE(prediction="v"), x0, t, noise)
+    torch.testing.assert_close(x0_loss[:2], v_loss[:2], rtol=1e-4, atol=1e-5)
+    assert sigma[2] < X0_LOSS_SIGMA_MIN and x0_loss[2] == pytest.approx(0.25 / X0_LOSS_SIGMA_MIN**2)
+
+
+def test_logsnr_normal_time_sampling():
+    sde = VPSDE(time_sampling="logsnr_normal", logsnr_mean=-1.5, logsnr_std=2.0)
+    t = torch.tensor([0.05, 0.3, 0.5, 0.9], dtype=torch.float64)
+    torch.testing.assert_close(sde.t_of_log_snr(sde.log_snr(t)), t)
+    draws = sde.sample_t(20000, torch.Generator().manual_seed(0))
+    lam = sde.log_snr(draws.double())
+    assert lam.mean().item() == pytest.approx(-1.5, abs=0.05) and lam.std().item() == pytest.approx(
+        2.0, abs=0.05
+    )
+    assert draws.min() >= sde.t_min and draws.max() <= 1.0
+    uniform = VPSDE().sample_t(20000, torch.Generator().manual_seed(0))
+    assert (uniform > 0.7).float().mean() > 0.25 > (draws > 0.7).float().mean()  # less time on pure noise
 
 
 class ExactV(nn.Module):
@@ -87,10 +145,43 @@ def test_eps_prediction_amplifies_error_at_high_noise_v_does_not():
     assert eps_err[0.1]["x0_mse"] < eps_err[1.0]["x0_mse"]
 
 
-def test_config_names_the_prediction():
-    assert PREDICTION_NAMES == PREDICTIONS
-    assert load_config(None, ["diffusion.prediction=v"]).diffusion.prediction == "v"
+def test_config_names_the_prediction_and_time_sampling():
+    assert PREDICTION_NAMES == PREDICTIONS and TIME_SAMPLINGS == SCHEDULE_TIME_SAMPLINGS
+    assert load_config(None, ["diffusion.prediction=x0"]).diffusion.prediction == "x0"
     with pytest.raises(
-        ScaleLongError, match="diffusion.prediction='x0' is not supported; choose one of eps, v"
+        ScaleLongError, match="diffusion.prediction='x1' is not supported; choose one of eps, v, x0"
     ):
-        load_config(None, ["diffusion.prediction=x0"])
+        load_config(None, ["diffusion.prediction=x1"])
+    with pytest.raises(ScaleLongError, match="diffusion.time_sampling"):
+        load_config(None, ["diffusion.time_sampling=beta"])
+    with pytest.raises(ScaleLongError, match="needs diffusion.schedule=vpsde"):
+        load_config(None, ["diffusion.schedule=ddpm", "diffusion.time_sampling=logsnr_normal"])
+    with pytest.raises(ScaleLongError, match="logsnr_std must be > 0"):
+        load_config(None, ["diffusion.logsnr_std=0"])
+
+
+@pytest.mark.parametrize("prediction", PREDICTIONS)
+def test_input_free_loss_is_the_loss_of_the_best_guess_that_ignores_x_t(prediction):
+    gen = torch.Generator().manual_seed(0)
+    x0 = 0.3 + 0.5 * torch.randn(4096, 1, 2, 2, generator=gen)
+    noise, schedule = torch.randn(x0.shape, generator=gen), VPSDE(prediction=prediction)
+    t = schedule.sample_t(len(x0), gen)
+    mean = x0.mean(dim=0)
+    free = input_free_loss(schedule, x0, t, noise, mean).mean()
+    if prediction == "eps":
+        assert free.item() == pytest.approx(1.0, abs=0.03)  # the output 0 against unit noise
+
+    class Guess(nn.Module):  # the same guess through the network path: the training loss agrees
+        def __init__(self, image):
+            super().__init__()
+            self.image = image
+
+        def forward(self, x, model_t):
+            return prediction_target(schedule, self.image.expand_as(x), model_t / 999.0, torch.zeros_like(x))
+
+    torch.testing.assert_close(
+        denoising_loss(Guess(mean), schedule, x0, t, noise).mean(), free, rtol=1e-4, atol=1e-5
+    )
+    worse = denoising_loss(Guess(mean + 0.2), schedule, x0, t, noise).mean()
+    if prediction != "eps":  # (the epsilon guess is 0 whatever the image)
+        assert worse > free  # the mean image is the best input-free guess

@@ -36,7 +36,14 @@ def build_model(cfg: ModelConfig, device: torch.device | str | None = None) -> n
 
 def build_schedule(cfg: DiffusionConfig) -> Schedule:
     if cfg.schedule == "vpsde":
-        return VPSDE(cfg.beta_min, cfg.beta_max, prediction=cfg.prediction)
+        return VPSDE(
+            cfg.beta_min,
+            cfg.beta_max,
+            prediction=cfg.prediction,
+            time_sampling=cfg.time_sampling,
+            logsnr_mean=cfg.logsnr_mean,
+            logsnr_std=cfg.logsnr_std,
+        )
     return DiscreteDDPM(
         cfg.num_steps, cfg.beta_schedule, cfg.beta_start, cfg.beta_end, prediction=cfg.prediction
     )

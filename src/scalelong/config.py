@@ -45,6 +45,7 @@ class UViTConfig:
     context_tokens: int = 77
     conv_out: bool = True
     mlp_time_embed: bool = False  # the release's MLP on the time token (its configs use False)
+    skip_linear_init: str = "release"  # release: trunc_normal(0.02) | xavier: width-aware (small models)
 
 
 @dataclass
@@ -110,7 +111,10 @@ class DiffusionConfig:
     beta_schedule: str = "linear"  # ddpm: linear | scaled_linear
     beta_start: float = 1e-4  # ddpm
     beta_end: float = 0.02  # ddpm
-    prediction: str = "eps"  # network output: eps (the recipe) | v (v-prediction, scalelong.diffusion)
+    prediction: str = "eps"  # network output: eps (the recipe) | v | x0 (scalelong.diffusion)
+    time_sampling: str = "uniform"  # vpsde training times: uniform (the recipe) | logsnr_normal
+    logsnr_mean: float = 0.0  # logsnr_normal: log(alpha^2 / sigma^2) ~ N(mean, std^2)
+    logsnr_std: float = 1.0
 
 
 @dataclass
@@ -388,7 +392,9 @@ DEVICES = ("auto", "cpu", "cuda")
 # that validating a config imports neither; a test keeps them equal.
 SAMPLER_NAMES = ("euler_maruyama", "ode_euler", "ddim", "dpm_solver", "dpm_solver_pp")
 METRIC_NAMES = ("fd-mnist", "fid")
-PREDICTION_NAMES = ("eps", "v")  # scalelong.diffusion.PREDICTIONS
+PREDICTION_NAMES = ("eps", "v", "x0")  # scalelong.diffusion.PREDICTIONS
+SKIP_LINEAR_INITS = ("release", "xavier")  # scalelong.models.uvit.SKIP_LINEAR_INITS
+TIME_SAMPLINGS = ("uniform", "logsnr_normal")  # scalelong.diffusion.TIME_SAMPLINGS
 
 
 # The backbone family of each model.type, whose default kappa (scalelong.skips.DEFAULT_KAPPA) an
@@ -431,6 +437,7 @@ def validate(cfg: Config) -> None:
         u = m.uvit
         for key in ("img_size", "patch_size", "in_channels", "embed_dim", "num_heads"):
             _positive(f"model.uvit.{key}", getattr(u, key))
+        _choice("model.uvit.skip_linear_init", u.skip_linear_init, SKIP_LINEAR_INITS)
         if u.depth < 2 or u.depth % 2:
             raise ScaleLongError(f"model.uvit.depth must be an even number >= 2, got {u.depth}")
         if u.img_size % u.patch_size:
@@ -468,6 +475,13 @@ def validate(cfg: Config) -> None:
     _choice("diffusion.schedule", d.schedule, SCHEDULES)
     _choice("diffusion.beta_schedule", d.beta_schedule, ("linear", "scaled_linear"))
     _choice("diffusion.prediction", d.prediction, PREDICTION_NAMES)
+    _choice("diffusion.time_sampling", d.time_sampling, TIME_SAMPLINGS)
+    _positive("diffusion.logsnr_std", d.logsnr_std)
+    if d.time_sampling != "uniform" and d.schedule != "vpsde":
+        raise ScaleLongError(
+            f"diffusion.time_sampling={d.time_sampling} needs diffusion.schedule=vpsde; "
+            "the ddpm schedule draws its steps uniformly"
+        )
     if not 0 < d.beta_min < d.beta_max:
         raise ScaleLongError("diffusion: need 0 < beta_min < beta_max")
     o = cfg.optim

@@ -16,6 +16,11 @@ What the network outputs is the schedule's ``prediction`` (as diffusers' ``predi
   1 + SNR instead of SNR, so the high-noise levels that decide a sample's global shape are learnt
   too: with ``eps`` an error e at time t becomes an x0 error e * sigma / alpha, which at the end
   of the VP-SDE (alpha(1) ~ 0.0065) is a 150-fold amplification.
+* ``x0``: the clean image itself, trained with the v-loss (the x0 error weighted by 1 / sigma^2,
+  sigma floored at :data:`X0_LOSS_SIGMA_MIN`), as in "Back to Basics: Let Denoising Generative
+  Models Denoise" (Li & He 2025). Predicting noise or v, a network must copy every pixel of the
+  noise in x_t to its output, and what it misses stays in the sample as specks; a clean image
+  lies on the data manifold, which a small or coarsely patched network can represent.
 
 Samplers always receive epsilon (:func:`output_to_epsilon`), so every sampler serves both.
 """
@@ -26,7 +31,11 @@ import torch
 
 from scalelong.errors import ScaleLongError
 
-PREDICTIONS = ("eps", "v")
+PREDICTIONS = ("eps", "v", "x0")
+TIME_SAMPLINGS = ("uniform", "logsnr_normal")
+# x0-prediction's loss is the v-loss, (x0 error / sigma)^2; sigma is floored here so that the
+# weight, 1 / sigma^2, stays finite near t = 0 (as JiT floors its noise level).
+X0_LOSS_SIGMA_MIN = 0.05
 
 
 def _check_prediction(prediction: str) -> str:
@@ -47,12 +56,26 @@ class VPSDE:
     continuous = True
 
     def __init__(
-        self, beta_min: float = 0.1, beta_max: float = 20.0, t_min: float = 1e-5, prediction: str = "eps"
+        self,
+        beta_min: float = 0.1,
+        beta_max: float = 20.0,
+        t_min: float = 1e-5,
+        prediction: str = "eps",
+        time_sampling: str = "uniform",
+        logsnr_mean: float = 0.0,
+        logsnr_std: float = 1.0,
     ):
         if not 0 < beta_min < beta_max:
             raise ScaleLongError(f"need 0 < beta_min < beta_max, got {beta_min}, {beta_max}")
+        if time_sampling not in TIME_SAMPLINGS:
+            raise ScaleLongError(
+                f"time_sampling={time_sampling!r}; choose one of {', '.join(TIME_SAMPLINGS)}"
+            )
+        if not logsnr_std > 0:
+            raise ScaleLongError(f"logsnr_std must be > 0, got {logsnr_std}")
         self.beta_min, self.beta_max, self.t_min = beta_min, beta_max, t_min
         self.prediction = _check_prediction(prediction)
+        self.time_sampling, self.logsnr_mean, self.logsnr_std = time_sampling, logsnr_mean, logsnr_std
 
     def beta(self, t: torch.Tensor) -> torch.Tensor:
         return self.beta_min + t * (self.beta_max - self.beta_min)
@@ -68,9 +91,25 @@ class VPSDE:
     def model_time(self, t: torch.Tensor) -> torch.Tensor:
         return t * 999.0
 
+    def log_snr(self, t: torch.Tensor) -> torch.Tensor:
+        """lambda(t) = log(alpha^2 / sigma^2)."""
+        la = self.log_alpha(t)
+        return 2.0 * la - torch.log(-torch.expm1(2.0 * la))
+
+    def t_of_log_snr(self, lam: torch.Tensor) -> torch.Tensor:
+        """Inverse of :meth:`log_snr` for the linear beta (closed form)."""
+        log_alpha = -0.5 * torch.nn.functional.softplus(-lam)
+        db = self.beta_max - self.beta_min
+        return -4.0 * log_alpha / (self.beta_min + torch.sqrt(self.beta_min**2 - 4.0 * db * log_alpha))
+
     def sample_t(self, n: int, generator: torch.Generator | None = None) -> torch.Tensor:
-        """t ~ U(t_min, 1) on the CPU, so the draw does not depend on the device."""
-        return self.t_min + (1.0 - self.t_min) * torch.rand(n, generator=generator)
+        """Training times on the CPU (so the draw does not depend on the device): t ~ U(t_min, 1), or
+        for ``logsnr_normal`` the t whose log-SNR is N(logsnr_mean, logsnr_std^2), clipped to
+        [t_min, 1] (as EDM draws log sigma from a normal)."""
+        if self.time_sampling == "uniform":
+            return self.t_min + (1.0 - self.t_min) * torch.rand(n, generator=generator)
+        lam = self.logsnr_mean + self.logsnr_std * torch.randn(n, generator=generator, dtype=torch.float64)
+        return self.t_of_log_snr(lam).clamp(self.t_min, 1.0).float()
 
     def time_at(self, fraction: float) -> float:
         """The time ``fraction`` of the way from t_min to 1."""
@@ -148,9 +187,11 @@ def training_loss(
 def prediction_target(
     schedule: Schedule, x0: torch.Tensor, t: torch.Tensor, noise: torch.Tensor
 ) -> torch.Tensor:
-    """What the network learns to output at x_t = alpha x0 + sigma noise: the noise, or v."""
+    """What the network learns to output at x_t = alpha x0 + sigma noise: the noise, v or x0."""
     if schedule.prediction == "eps":
         return noise
+    if schedule.prediction == "x0":
+        return x0
     alpha, sigma = schedule.alpha_sigma(t.to(x0.device))
     return per_sample(alpha, x0) * noise - per_sample(sigma, x0) * x0
 
@@ -158,10 +199,13 @@ def prediction_target(
 def output_to_epsilon(
     schedule: Schedule, x_t: torch.Tensor, t: torch.Tensor, out: torch.Tensor
 ) -> torch.Tensor:
-    """The epsilon a network output stands for (alpha^2 + sigma^2 = 1, so eps = sigma x_t + alpha v)."""
+    """The epsilon a network output stands for (alpha^2 + sigma^2 = 1, so eps = sigma x_t + alpha v;
+    eps = (x_t - alpha x0) / sigma)."""
     if schedule.prediction == "eps":
         return out
     alpha, sigma = schedule.alpha_sigma(t.to(x_t.device))
+    if schedule.prediction == "x0":
+        return (x_t - per_sample(alpha, x_t) * out) / per_sample(sigma, x_t)
     return per_sample(sigma, x_t) * x_t + per_sample(alpha, x_t) * out
 
 
@@ -173,12 +217,38 @@ def denoising_loss(
     noise: torch.Tensor,
     **cond: torch.Tensor,
 ) -> torch.Tensor:
-    """MSE between the network output and :func:`prediction_target`, averaged over pixels: (B,).
+    """MSE between the network output and :func:`prediction_target`, averaged over pixels: (B,);
+    for x0-prediction weighted by 1 / max(sigma, X0_LOSS_SIGMA_MIN)^2 (the v-loss).
 
     For given times and noise (the trainer draws them for the global batch)."""
     pred = net(add_noise(schedule, x0, t, noise), schedule.model_time(t), **cond)
     target = prediction_target(schedule, x0, t, noise)
-    return (pred.float() - target.float()).square().flatten(1).mean(dim=1)
+    return (pred.float() - target.float()).square().flatten(1).mean(dim=1) * loss_weight(schedule, t)
+
+
+def loss_weight(schedule: Schedule, t: torch.Tensor) -> torch.Tensor:
+    """Per-sample weight of the squared error: 1, or for x0-prediction 1 / max(sigma, floor)^2."""
+    if schedule.prediction != "x0":
+        return torch.ones_like(t, dtype=torch.float32)
+    sigma = schedule.alpha_sigma(t)[1].float()
+    return sigma.clamp(min=X0_LOSS_SIGMA_MIN).square().reciprocal()
+
+
+@torch.no_grad()
+def input_free_loss(
+    schedule: Schedule, x0: torch.Tensor, t: torch.Tensor, noise: torch.Tensor, mean_image: torch.Tensor
+) -> torch.Tensor:
+    """The loss of the best output that ignores x_t (knowing only t): E[target | t], the target
+    of the data's ``mean_image`` (C, H, W) and zero noise; per sample (B,).
+
+    A network whose loss does not fall clearly below this has learnt nothing from its input: for
+    epsilon-prediction it is ~1 (the output 0), for v and x0 it follows from the images' variance.
+    The trainer logs it next to the loss (``loss_input_free``); :func:`scalelong.compare.divergence`
+    calls a run whose loss ends near it collapsed."""
+    mean = mean_image.float().expand_as(x0)
+    guess = prediction_target(schedule, mean, t, torch.zeros_like(noise))
+    target = prediction_target(schedule, x0.float(), t, noise.float())
+    return (guess - target).square().flatten(1).mean(dim=1) * loss_weight(schedule, t)
 
 
 def epsilon_to_x0(schedule: Schedule, x_t: torch.Tensor, t: torch.Tensor, eps: torch.Tensor) -> torch.Tensor:
@@ -226,6 +296,39 @@ def noise_level_errors(
     return out
 
 
+@torch.no_grad()
+def ideal_x0(
+    schedule: Schedule, images: torch.Tensor, x_t: torch.Tensor, t: torch.Tensor, chunk: int = 4096
+) -> torch.Tensor:
+    """E[x0 | x_t] when x0 is drawn uniformly from ``images`` (N, C, H, W): the denoiser that knows
+    its training set by heart, a softmax over -||x_t - alpha x_i||^2 / (2 sigma^2) (in float64).
+
+    It is what a network trained on ``images`` converges to, so it is a yardstick for a model's
+    per-noise-level error, and with :func:`ideal_epsilon_fn` a check that a sampler is right: it
+    must draw the training images back."""
+    alpha, sigma = (v.double().reshape(-1, 1) for v in schedule.alpha_sigma(t.double()))
+    x = x_t.flatten(1).double()
+    bank = images.flatten(1).double().to(x.device)
+    logits = torch.cat(
+        [
+            (2 * alpha * x @ b.T - alpha**2 * b.square().sum(1)) / (2 * sigma**2)  # - ||x||^2 cancels
+            for b in bank.split(chunk)
+        ],
+        dim=1,
+    )
+    return (logits.softmax(dim=1) @ bank).reshape(x_t.shape).to(x_t.dtype)
+
+
+def ideal_epsilon_fn(schedule: Schedule, images: torch.Tensor):
+    """``eps_fn(x_t, t)`` of :func:`ideal_x0`, for the samplers."""
+
+    def eps_fn(x_t: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
+        alpha, sigma = schedule.alpha_sigma(t)
+        return (x_t - per_sample(alpha, x_t) * ideal_x0(schedule, images, x_t, t)) / per_sample(sigma, x_t)
+
+    return eps_fn
+
+
 def mean_image_error(x0: torch.Tensor) -> float:
     """x0 error of the per-pixel mean image: the best guess that ignores the noisy input."""
     return (x0 - x0.mean(dim=0, keepdim=True)).square().mean().item()
@@ -237,13 +340,18 @@ __all__ = [
     "Schedule",
     "add_noise",
     "PREDICTIONS",
+    "TIME_SAMPLINGS",
     "training_loss",
     "denoising_loss",
+    "input_free_loss",
+    "loss_weight",
     "prediction_target",
     "output_to_epsilon",
     "epsilon_to_x0",
     "NOISE_LEVELS",
     "noise_level_errors",
     "mean_image_error",
+    "ideal_x0",
+    "ideal_epsilon_fn",
     "per_sample",
 ]

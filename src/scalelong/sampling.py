@@ -220,10 +220,8 @@ def ddim(
 
 
 def _lambda_to_t(sde: VPSDE, lam: torch.Tensor) -> torch.Tensor:
-    """Invert lambda(t) = log(alpha_t / sigma_t) for the linear-beta VP-SDE (closed form)."""
-    log_alpha = -0.5 * torch.nn.functional.softplus(-2.0 * lam)
-    db = sde.beta_max - sde.beta_min
-    return -4.0 * log_alpha / (sde.beta_min + torch.sqrt(sde.beta_min**2 - 4.0 * db * log_alpha))
+    """Invert lambda(t) = log(alpha_t / sigma_t) (half the log-SNR) for the linear-beta VP-SDE."""
+    return sde.t_of_log_snr(2.0 * lam)
 
 
 def _dpm_solver(

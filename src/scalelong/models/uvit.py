@@ -18,6 +18,8 @@ from torch import nn
 
 from scalelong.skips import DEFAULT_KAPPA, SkipScaling
 
+SKIP_LINEAR_INITS = ("release", "xavier")
+
 
 def timestep_embedding(t: torch.Tensor, dim: int, max_period: float = 10000.0) -> torch.Tensor:
     """Sinusoidal embedding of (B,) times -> (B, dim), cos half first as in the release."""
@@ -101,6 +103,12 @@ class UViT(nn.Module):
             the time token.
         context_tokens: number of text tokens (77 for CLIP).
         conv_out: the release's final 3x3 convolution after unpatchify.
+        skip_linear_init: how the out-blocks' ``skip_linear`` (2D -> D, on the main path) start.
+            ``release``: trunc_normal(std 0.02) like every other linear layer of the release. That
+            multiplies the features by about 0.02 * sqrt(2D) per out-block (0.64 at the release's
+            D = 512, 0.23 at D = 64), so in a narrow model the gradient reaching the inner blocks
+            shrinks geometrically with depth. ``xavier``: Glorot-uniform, which keeps the scale
+            near 1 at any width.
         mlp_time_embed: pass the sinusoidal time embedding through the release's
             Linear(D, 4D) -> SiLU -> Linear(4D, D) (``time_embed.0``, ``time_embed.2``);
             False (the release's configs) uses the sinusoid itself as the time token.
@@ -122,6 +130,7 @@ class UViT(nn.Module):
         context_tokens: int = 77,
         conv_out: bool = True,
         mlp_time_embed: bool = False,
+        skip_linear_init: str = "release",
         skip_method: str = "none",
         kappa: float = DEFAULT_KAPPA["uvit"],
         ls_reduction: int = 16,
@@ -155,6 +164,11 @@ class UViT(nn.Module):
 
         nn.init.trunc_normal_(self.pos_embed, std=0.02)
         self.apply(_init_weights)
+        if skip_linear_init not in SKIP_LINEAR_INITS:
+            raise ValueError(f"skip_linear_init={skip_linear_init!r}; choose one of {SKIP_LINEAR_INITS}")
+        if skip_linear_init == "xavier":
+            for blk in self.out_blocks:
+                nn.init.xavier_uniform_(blk.skip_linear.weight)
         # Created after the init above: the LS gates keep PyTorch's default init (coefficients ~0.5).
         self.skip_scaling = SkipScaling(
             skip_method, depth // 2, kappa, num_tokens=self.num_tokens, reduction=ls_reduction
