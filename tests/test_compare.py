@@ -186,6 +186,30 @@ def test_collapse_without_nonfinite_steps_is_caught_by_loss_and_feature_norm():
     assert "0.8 x its start 1.01" in found[0].detail and "2e+06 x its first 6" in found[1].detail
 
 
+def with_input_free(records, free):
+    return [{**r, "loss_input_free": f} for r, f in zip(records, free, strict=True)]
+
+
+def test_loss_is_judged_against_the_input_free_loss_when_logged():
+    """x0-prediction: the loss starts far above where a collapsed run ends, so the run's own start
+    is no yardstick; the loss of the best input-free guess is."""
+    free = [0.55] * 8
+    # learnt, then collapsed back above the input-free loss (the demo U-ViT at lr 3e-2)
+    collapsed = with_input_free(log([2.9, 0.6, 0.45, 0.5, 0.7, 0.8, 0.85, 0.87]), free)
+    found = divergence(collapsed, warmup_steps=20)
+    assert [(d.criterion, d.step) for d in found] == [("loss", 80)]
+    assert "loss ends at 0.84, 1.53 x the input-free loss 0.55 (limit 0.8 x)" in found[0].detail
+    # the same start with a loss that keeps falling is healthy, though it never fell to 0.8 x its start
+    healthy = with_input_free(log([2.9, 0.6, 0.45, 0.4, 0.35, 0.3, 0.28, 0.25]), free)
+    assert divergence(healthy, warmup_steps=20) == []
+    # the old rule would have called this one healthy (0.84 < 0.8 x its start 1.3)
+    assert divergence(log([2.9, 0.6, 0.45, 0.5, 0.7, 0.8, 0.85, 0.87]), warmup_steps=20) == []
+    # a stopped run is judged by (a) alone; so is a run still in warm-up
+    assert divergence(collapsed, stopped={"step": 80}, warmup_steps=20)[0].criterion == "nonfinite"
+    assert len(divergence(collapsed, stopped={"step": 80}, warmup_steps=20)) == 1
+    assert divergence(collapsed, warmup_steps=80) == []
+
+
 def test_loss_criterion_alone_and_its_named_threshold():
     slow = log([1.0, 1.0, 1.0, 0.95, 0.9, 0.85, 0.85, 0.84], [5.0] * 8)
     assert [d.criterion for d in divergence(slow)] == ["loss"]

@@ -49,12 +49,16 @@ def test_tables_name_the_largest_stable_lr_and_the_best_stable_cell():
         cell("cs", 2e-3, [0.30], [[]]),
         cell("cs", 1e-2, [0.22], [[]]),
         cell("ls", 2e-3, [1.0], [broke]),
+        cell("sqrt2", 2e-3, [0.3], [[]]),
+        cell("sqrt2", 5e-3, [0.9], [broke]),
+        cell("sqrt2", 1e-2, [0.3], [[]]),  # stable by chance above a diverged lr: no margin
     ]
     table = stability_table(cells, "loss").splitlines()
     # mean 0.26, t(0.975, 1) x stdev 0.01414 / sqrt(2) = 12.706 x 0.01 = 0.127
     assert table[2] == "| none | 0.005 | 0.26 ± 0.13 | 0.005 | 2 |"
-    assert table[3] == "| cs | 0.01 (the largest tried) | 0.22 | 0.01 | 1 |"
-    assert table[4] == "| ls | none: every lr diverged | n/a | | |"
+    assert table[3] == "| sqrt2 | 0.002 | 0.3 | 0.002 | 1 |"
+    assert table[4] == "| cs | 0.01 (the largest tried) | 0.22 | 0.01 | 1 |"
+    assert table[5] == "| ls | none: the smallest lr tried diverged | n/a | | |"
     rows = cell_table(cells, "loss").splitlines()
     assert [r.split("|")[1:3] for r in rows[2:5]] == [
         [" none ", " 0.002 "],
@@ -75,8 +79,11 @@ def test_sweep_records_divergence_reuses_runs_and_adds_seeds(tmp_path, capsys):
     assert main([*command, *grid]) == 0
     out = capsys.readouterr().out
     sweep = tmp_path / "t-sweep"
-    for name in ("report.md", "report.html", "stability_d4.png"):
+    for name in ("report.md", "report.html", "stability_d4.png", "map.json"):
         assert (sweep / name).is_file(), name
+    cells = {(c["method"], c["lr"]): c for c in json.loads((sweep / "map.json").read_text())["cells"]}
+    assert cells["none", 1000.0]["diverged"][0][0]["criterion"] == "nonfinite"
+    assert cells["none", 0.02]["diverged"] == [[]] and cells["none", 0.02]["final_loss"][0] > 0
     assert "data:image/png;base64," in (sweep / "report.html").read_text()
     # lr 1e3 diverges at once: the run stops after 3 non-finite steps, and that is a result
     stopped = json.loads((sweep / "runs/d4-lr1000-none-seed0/summary.json").read_text())

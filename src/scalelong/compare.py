@@ -120,8 +120,8 @@ def steps_to_target(records_by_method: Mapping[str, Records], baseline: str, key
 class DivergenceRule:
     """The named thresholds of :func:`divergence`."""
 
-    loss_fraction: float = 0.8  # (b) the smoothed loss must fall below this fraction of its start
-    start_points: int = 3  # (b) the start: mean of this many first logged losses
+    loss_fraction: float = 0.8  # (b) the loss must end below this fraction of the input-free loss
+    start_points: int = 3  # (b) runs without loss_input_free: the start is the mean of this many first losses
     smooth: int = 3  # (b) trailing mean over this many logged losses
     feature_growth: float = 100.0  # (c) the hidden-feature norm may end at most this multiple of its first
 
@@ -130,10 +130,13 @@ class DivergenceRule:
         return (
             "A run counts as **diverged** when (a) *nonfinite*: it stopped on non-finite steps "
             "(train.max_nonfinite_steps in a row), or its last logged steps were all non-finite; or "
-            f"(b) *loss*: its loss after warm-up, smoothed by a trailing mean over {self.smooth} logged "
-            f"values, never falls below {self.loss_fraction:g} x its start (the mean of its first "
-            f"{self.start_points} logged losses): the network learns nothing, though no step is "
-            f"non-finite; or (c) *feature_norm*: its hidden-feature norm ends non-finite or above "
+            f"(b) *loss*: its loss, averaged over its last {self.smooth} logged values, does not end below "
+            f"{self.loss_fraction:g} x the input-free loss over the same steps (`loss_input_free`: the loss "
+            "of the best output that ignores the noisy input): the network has learnt nothing from its "
+            "input or has collapsed back, though no step is non-finite (runs logged without "
+            f"`loss_input_free`: its smoothed loss after warm-up never falls below {self.loss_fraction:g} x "
+            f"the mean of its first {self.start_points} logged losses); or (c) *feature_norm*: its "
+            "hidden-feature norm ends non-finite or above "
             f"{self.feature_growth:g} x its first logged value. Loss spikes are counted, not divergence."
         )
 
@@ -184,7 +187,25 @@ def divergence(
             Divergence("nonfinite", int(logged[-1]["step"]), "its last logged steps were all non-finite")
         )
     losses = [(s, v) for s, v in zip(*series(records, "loss"), strict=True) if math.isfinite(v)]
-    if len(losses) >= rule.start_points:
+    free = dict(zip(*series(records, "loss_input_free"), strict=True))
+    if free:  # judged past warm-up, on runs not stopped: a run cut short has not had its chance
+        paired = [
+            (s, v, free[s]) for s, v in losses if s > warmup_steps and math.isfinite(free.get(s, math.nan))
+        ]
+        if paired and not stopped:
+            tail = paired[-rule.smooth :]
+            loss = statistics.fmean(v for _, v, _ in tail)
+            reference = statistics.fmean(f for _, _, f in tail)
+            if not loss < rule.loss_fraction * reference:
+                found.append(
+                    Divergence(
+                        "loss",
+                        tail[-1][0],
+                        f"loss ends at {loss:.3g}, {loss / reference:.2f} x the input-free loss "
+                        f"{reference:.3g} (limit {rule.loss_fraction:g} x)",
+                    )
+                )
+    elif len(losses) >= rule.start_points:
         start = statistics.fmean(v for _, v in losses[: rule.start_points])
         after = [(s, v) for s, v in losses if s > warmup_steps]
         smoothed = _trailing_mean([v for _, v in after], rule.smooth)

@@ -11,6 +11,7 @@ learning rates adds to the cells, and the report shows the union (with each cell
 from __future__ import annotations
 
 import copy
+import json
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -35,7 +36,14 @@ from scalelong.compare import (
     seeds_note,
     write_markdown_report,
 )
-from scalelong.config import Config, config_from_dict, config_to_dict, read_yaml, validate
+from scalelong.config import (
+    Config,
+    config_from_dict,
+    config_to_dict,
+    read_yaml,
+    validate,
+    write_text_atomic,
+)
 from scalelong.errors import ScaleLongError
 from scalelong.plots import plot_stability_map
 from scalelong.runs import RunDir, config_differences
@@ -183,17 +191,18 @@ def _method_order(method: str) -> tuple[int, str]:
 
 
 def stability_table(cells: Sequence[CellSummary], metric: str) -> str:
-    """Per method: the largest stable lr (no seed diverged) and the best final ``metric`` among
-    the stable lrs, mean ± 95% t-interval over its seeds."""
+    """Per method: the largest stable lr (no seed diverged there nor at any smaller lr tried) and
+    the best final ``metric`` among the stable lrs, mean ± 95% t-interval over its seeds."""
     lines = [
         f"| method | largest stable lr | best final {metric} (stable lrs) | at lr | seeds |",
         "|---|---|---|---|---|",
     ]
     for method in sorted({c.cell.method for c in cells}, key=_method_order):
         mine = sorted((c for c in cells if c.cell.method == method), key=lambda c: c.cell.lr)
-        stable = [c for c in mine if c.diverged == 0]
+        first_broken = next((i for i, c in enumerate(mine) if c.diverged), len(mine))
+        stable = mine[:first_broken]  # a stable lr above a diverged one is noise, not a margin
         if not stable:
-            lines.append(f"| {method} | none: every lr diverged | n/a | | |")
+            lines.append(f"| {method} | none: the smallest lr tried diverged | n/a | | |")
             continue
         top = stable[-1].cell.lr
         largest = f"{top:g}" + (" (the largest tried)" if top == mine[-1].cell.lr else "")
@@ -215,6 +224,32 @@ def cell_table(cells: Sequence[CellSummary], metric: str) -> str:
             f"| {fmt_ci(c.spikes)} | {criteria(c.breaks)} |"
         )
     return "\n".join(lines)
+
+
+def write_map_json(cells: Sequence[CellSummary], path: Path, key: str) -> Path:
+    """Every cell's per-seed numbers as JSON (``final`` is the final ``key``: fd or loss), for
+    tables and plots made elsewhere."""
+
+    def number(x: float) -> float | None:
+        return x if math.isfinite(x) else None  # JSON has no NaN
+
+    rows = [
+        {
+            "depth": c.cell.depth,
+            "lr": c.cell.lr,
+            "method": c.cell.method,
+            "seeds": c.seeds,
+            f"final_{key}": [number(x) for x in c.final],
+            "feature_norm_osc_std": [number(x) for x in c.feature_osc],
+            "loss_spikes": [number(x) for x in c.spikes],
+            "diverged": [
+                [{"criterion": d.criterion, "step": d.step, "detail": d.detail} for d in b] for b in c.breaks
+            ],
+        }
+        for c in sorted(cells, key=lambda c: (c.cell.depth or 0, _method_order(c.cell.method), c.cell.lr))
+    ]
+    write_text_atomic(path, json.dumps({"metric": key, "cells": rows}, indent=1) + "\n")
+    return path
 
 
 def draw_map(cells: Sequence[CellSummary], path: Path, title: str, metric: str) -> Path:
@@ -256,7 +291,8 @@ def write_sweep_report(
         f"{base.train.batch_size}, warm-up {base.optim.warmup_steps} steps; {len(runs)} cells with "
         f"{_span(seeds)} seed(s) each: every finished run of this config in this folder. The colour is "
         f"the final {metric}, mean over seeds (lower is better); values are means ± the half-width of "
-        "a 95% t-interval. A learning rate is **stable** for a method when no seed diverged there.",
+        "a 95% t-interval. A learning rate is **stable** for a method when no seed diverged there or at "
+        "any smaller learning rate tried.",
         rule.describe(),
     ]
     if min(seeds, default=0) < 5:
@@ -274,6 +310,7 @@ def write_sweep_report(
     broken = broken_runs([r for rs in runs.values() for r in rs] + list(failed))
     if broken:
         parts += ["## Runs that diverged or failed", "\n".join(broken)]
+    write_map_json(cells, sweep_dir / "map.json", key)
     report = write_markdown_report("\n\n".join(parts) + "\n", sweep_dir, "ScaleLong stability map")
     return report, "\n\n".join(tables)
 

@@ -27,6 +27,7 @@ from __future__ import annotations
 import contextlib
 import copy
 import dataclasses
+import functools
 import hashlib
 import math
 import time
@@ -57,7 +58,7 @@ from scalelong.checkpoint import (
 from scalelong.config import Config, config_to_dict, save_config
 from scalelong.data import EpochBatches
 from scalelong.diagnostics import Diagnostics
-from scalelong.diffusion import denoising_loss
+from scalelong.diffusion import denoising_loss, input_free_loss
 from scalelong.errors import ScaleLongError
 from scalelong.evaluation import NoiseLevelProbe, TrainingEvaluator
 from scalelong.launch import make_accelerator, on_main_process, sigterm_as_interrupt
@@ -351,21 +352,27 @@ class Trainer:
         """
         parts = images.shape[0] // self.micro_batch
         total = torch.zeros((), device=self.acc.device)
+        free = torch.zeros((), device=self.acc.device)
         for k in range(parts):
             rows = slice(k * self.micro_batch, (k + 1) * self.micro_batch)
             last = k == parts - 1
             with contextlib.nullcontext() if last else self.acc.no_sync(self.model):
-                loss = self.loss(images[rows], labels[rows], d.part(rows), eager=eager)
+                loss, loss_free = self.loss(images[rows], labels[rows], d.part(rows), eager=eager)
                 for hook in self.loss_hooks:
                     loss = hook(step, loss)
                 self.acc.backward(loss / parts)
             total += loss.detach()
+            free += loss_free
+        self.input_free = free / parts
         return total / parts
 
-    def loss(self, images: torch.Tensor, labels: torch.Tensor, d: Draws, eager: bool = False) -> torch.Tensor:
-        """Mean epsilon loss of ``images`` (a micro-batch of this process) under their draws ``d``
-        (flips, times, noise, dropped captions); ``eager`` bypasses the compiled forward (diagnostic
-        steps)."""
+    def loss(
+        self, images: torch.Tensor, labels: torch.Tensor, d: Draws, eager: bool = False
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Mean denoising loss of ``images`` (a micro-batch of this process) under their draws ``d``
+        (flips, times, noise, dropped captions), and the mean loss of the best guess that ignores
+        x_t (:func:`~scalelong.diffusion.input_free_loss`); ``eager`` bypasses the compiled forward
+        (diagnostic steps)."""
         dev = self.acc.device
         x0 = images.to(dev, non_blocking=True)
         if self.cfg.data.hflip:
@@ -376,7 +383,20 @@ class Trainer:
             labels = torch.where(d.drop_caption.to(dev)[:, None, None], null, labels)
         net = self.model if self.compiled is None or eager else self.compiled
         cond = conditioning(self.unwrapped, labels)
-        return denoising_loss(net, self.schedule, x0, d.t.to(dev), d.noise.to(dev), **cond).mean()
+        t, noise = d.t.to(dev), d.noise.to(dev)
+        loss = denoising_loss(net, self.schedule, x0, t, noise, **cond).mean()
+        return loss, input_free_loss(self.schedule, x0, t, noise, self.mean_image).mean()
+
+    @functools.cached_property
+    def mean_image(self) -> torch.Tensor:
+        """The training images' per-pixel mean (C, H, W), from up to 1,024 evenly spaced images (the
+        same on every process), mirrored as the data are when ``data.hflip`` is on."""
+        n = len(self.dataset)
+        picks = torch.linspace(0, n - 1, min(n, 1024)).long().unique().tolist()
+        mean = torch.stack([torch.as_tensor(self.dataset[i][0]).float() for i in picks]).mean(dim=0)
+        if self.cfg.data.hflip:
+            mean = (mean + mean.flip(-1)) / 2
+        return mean.to(self.acc.device)
 
     def gradients(self, loss: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, tuple[bool, bool]]:
         """After :meth:`accumulate`: (``loss`` averaged over processes, gradient norm, (loss finite,
@@ -552,6 +572,7 @@ class Trainer:
                 window[outcome] += 1
                 if outcome == "ok":
                     window["loss"] += loss
+                    window["input_free"] += self.input_free
                 steps_since += 1
                 step = self.step
                 img_s = steps_since * t.batch_size / (time.perf_counter() - t_last)
@@ -604,7 +625,8 @@ class Trainer:
 
     def _new_window(self) -> dict:
         """Running sums between two log steps; the loss stays on the device (no sync per step)."""
-        return {"loss": torch.zeros((), device=self.acc.device), "ok": 0, "nonfinite": 0, "overflow": 0}
+        zero = torch.zeros((), device=self.acc.device)
+        return {"loss": zero, "input_free": zero.clone(), "ok": 0, "nonfinite": 0, "overflow": 0}
 
     def _stopped(self, step: int) -> TrainingStopped:
         streak, limit = self.state.nonfinite_streak, self.cfg.train.max_nonfinite_steps
@@ -620,9 +642,13 @@ class Trainer:
     ):
         """Reduce the window's numbers into one record (one sync) and write it (main process)."""
         n_ok = window["ok"]
+        free = window["input_free"]
+        if self.acc.num_processes > 1:  # each process saw its own slice of the batch
+            free = self.acc.reduce(free, "mean")
         record = {
             "step": step,
             "loss": (window["loss"].item() / n_ok) if n_ok else None,
+            "loss_input_free": (free.item() / n_ok) if n_ok else None,
             "lr": self.lr_at(step - 1),
             "grad_norm": float(gnorm),
             "img_per_s": img_s,
