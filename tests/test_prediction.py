@@ -21,6 +21,7 @@ from scalelong.diffusion import (
     DiscreteDDPM,
     add_noise,
     denoising_loss,
+    edm_coefficients,
     epsilon_to_x0,
     input_free_loss,
     noise_level_errors,
@@ -37,7 +38,9 @@ MU, S = 0.3, 0.5
 
 
 @pytest.mark.parametrize(
-    "schedule", [VPSDE(prediction=p) for p in ("v", "x0")] + [DiscreteDDPM(prediction=p) for p in ("v", "x0")]
+    "schedule",
+    [VPSDE(prediction=p) for p in ("v", "x0", "edm")]
+    + [DiscreteDDPM(prediction=p) for p in ("v", "x0", "edm")],
 )
 def test_target_and_conversion_invert_each_other(schedule):
     gen = torch.Generator().manual_seed(0)
@@ -59,10 +62,21 @@ class ExactX0(nn.Module):
         return (MU + a * S**2 * (x.double() - a * MU) / (a**2 * S**2 + s**2)).float()
 
 
-def test_samplers_read_x0_outputs():
-    schedule = VPSDE(prediction="x0")
-    x = sample(ExactX0(), schedule)
+class ExactEDM(ExactX0):
+    """EDM's F for the same posterior mean: x0 = a x_t + b F."""
+
+    def forward(self, x: torch.Tensor, model_t: torch.Tensor) -> torch.Tensor:
+        a, b = (v.view(-1, 1, 1, 1) for v in edm_coefficients(VPSDE(), model_t / 999.0))
+        return (super().forward(x, model_t) - a * x) / b
+
+
+@pytest.mark.parametrize("prediction, net", [("x0", ExactX0()), ("edm", ExactEDM())])
+def test_samplers_read_x0_and_edm_outputs(prediction, net):
+    schedule = VPSDE(prediction=prediction)
+    x = sample(net, schedule)
     assert abs(x.mean().item() - MU) < 0.02 and abs(x.std().item() - S) < 0.02
+    wrong = sample(ExactEDM() if prediction == "x0" else ExactX0(), schedule)  # read the other way
+    assert abs(wrong.mean().item() - MU) > 0.02 or abs(wrong.std().item() - S) > 0.02
 
 
 def test_x0_loss_is_the_v_loss_with_a_floored_sigma():
@@ -149,7 +163,7 @@ def test_config_names_the_prediction_and_time_sampling():
     assert PREDICTION_NAMES == PREDICTIONS and TIME_SAMPLINGS == SCHEDULE_TIME_SAMPLINGS
     assert load_config(None, ["diffusion.prediction=x0"]).diffusion.prediction == "x0"
     with pytest.raises(
-        ScaleLongError, match="diffusion.prediction='x1' is not supported; choose one of eps, v, x0"
+        ScaleLongError, match="diffusion.prediction='x1' is not supported; choose one of eps, v, x0, edm"
     ):
         load_config(None, ["diffusion.prediction=x1"])
     with pytest.raises(ScaleLongError, match="diffusion.time_sampling"):

@@ -111,7 +111,7 @@ class DiffusionConfig:
     beta_schedule: str = "linear"  # ddpm: linear | scaled_linear
     beta_start: float = 1e-4  # ddpm
     beta_end: float = 0.02  # ddpm
-    prediction: str = "eps"  # network output: eps (the recipe) | v | x0 (scalelong.diffusion)
+    prediction: str = "eps"  # network output: eps (the recipe) | v | x0 | edm (scalelong.diffusion)
     time_sampling: str = "uniform"  # vpsde training times: uniform (the recipe) | logsnr_normal
     logsnr_mean: float = 0.0  # logsnr_normal: log(alpha^2 / sigma^2) ~ N(mean, std^2)
     logsnr_std: float = 1.0
@@ -392,7 +392,7 @@ DEVICES = ("auto", "cpu", "cuda")
 # that validating a config imports neither; a test keeps them equal.
 SAMPLER_NAMES = ("euler_maruyama", "ode_euler", "ddim", "dpm_solver", "dpm_solver_pp")
 METRIC_NAMES = ("fd-mnist", "fid")
-PREDICTION_NAMES = ("eps", "v", "x0")  # scalelong.diffusion.PREDICTIONS
+PREDICTION_NAMES = ("eps", "v", "x0", "edm")  # scalelong.diffusion.PREDICTIONS
 SKIP_LINEAR_INITS = ("release", "xavier")  # scalelong.models.uvit.SKIP_LINEAR_INITS
 TIME_SAMPLINGS = ("uniform", "logsnr_normal")  # scalelong.diffusion.TIME_SAMPLINGS
 

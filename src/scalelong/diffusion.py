@@ -21,6 +21,11 @@ What the network outputs is the schedule's ``prediction`` (as diffusers' ``predi
   Models Denoise" (Li & He 2025). Predicting noise or v, a network must copy every pixel of the
   noise in x_t to its output, and what it misses stays in the sample as specks; a clean image
   lies on the data manifold, which a small or coarsely patched network can represent.
+* ``edm``: EDM's preconditioning (Karras et al. 2022, Sec. 5) in VP form: with s = sigma / alpha
+  the x0 estimate is c_skip(s) x_t / alpha + c_out(s) F, c_skip = sd^2 / (s^2 + sd^2),
+  c_out = s sd / sqrt(s^2 + sd^2), sd = :data:`EDM_SIGMA_DATA`, and F is trained with a plain MSE
+  (EDM's loss weight 1 / c_out^2 on the x0 error). At low noise the input passes through the skip
+  and the network only corrects it; at high noise F predicts the image, as with ``x0``.
 
 Samplers always receive epsilon (:func:`output_to_epsilon`), so every sampler serves both.
 """
@@ -31,7 +36,8 @@ import torch
 
 from scalelong.errors import ScaleLongError
 
-PREDICTIONS = ("eps", "v", "x0")
+PREDICTIONS = ("eps", "v", "x0", "edm")
+EDM_SIGMA_DATA = 0.5  # EDM's sigma_data (Karras et al. 2022, Table 1)
 TIME_SAMPLINGS = ("uniform", "logsnr_normal")
 # x0-prediction's loss is the v-loss, (x0 error / sigma)^2; sigma is floored here so that the
 # weight, 1 / sigma^2, stays finite near t = 0 (as JiT floors its noise level).
@@ -184,14 +190,29 @@ def training_loss(
     return denoising_loss(net, schedule, x0, t, noise, **cond)
 
 
+def edm_coefficients(schedule: Schedule, t: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(a, b) with x0 = a x_t + b F for ``prediction="edm"``: a = c_skip / alpha, b = c_out (B,),
+    computed in float64 (s spans 1e-3 to 150 on the VP-SDE)."""
+    alpha, sigma = (v.double() for v in schedule.alpha_sigma(t.double()))
+    s, sd = sigma / alpha, EDM_SIGMA_DATA
+    c_skip = sd**2 / (s**2 + sd**2)
+    c_out = s * sd / torch.sqrt(s**2 + sd**2)
+    return (c_skip / alpha).float(), c_out.float()
+
+
 def prediction_target(
     schedule: Schedule, x0: torch.Tensor, t: torch.Tensor, noise: torch.Tensor
 ) -> torch.Tensor:
-    """What the network learns to output at x_t = alpha x0 + sigma noise: the noise, v or x0."""
+    """What the network learns to output at x_t = alpha x0 + sigma noise: the noise, v, x0 or
+    EDM's F."""
     if schedule.prediction == "eps":
         return noise
     if schedule.prediction == "x0":
         return x0
+    if schedule.prediction == "edm":
+        a, b = edm_coefficients(schedule, t.to(x0.device))
+        x_t = add_noise(schedule, x0, t, noise)
+        return (x0 - per_sample(a, x0) * x_t) / per_sample(b, x0)
     alpha, sigma = schedule.alpha_sigma(t.to(x0.device))
     return per_sample(alpha, x0) * noise - per_sample(sigma, x0) * x0
 
@@ -204,7 +225,10 @@ def output_to_epsilon(
     if schedule.prediction == "eps":
         return out
     alpha, sigma = schedule.alpha_sigma(t.to(x_t.device))
-    if schedule.prediction == "x0":
+    if schedule.prediction in ("x0", "edm"):
+        if schedule.prediction == "edm":
+            a, b = edm_coefficients(schedule, t.to(x_t.device))
+            out = per_sample(a, x_t) * x_t + per_sample(b, x_t) * out
         return (x_t - per_sample(alpha, x_t) * out) / per_sample(sigma, x_t)
     return per_sample(sigma, x_t) * x_t + per_sample(alpha, x_t) * out
 
@@ -340,6 +364,8 @@ __all__ = [
     "Schedule",
     "add_noise",
     "PREDICTIONS",
+    "EDM_SIGMA_DATA",
+    "edm_coefficients",
     "TIME_SAMPLINGS",
     "training_loss",
     "denoising_loss",
