@@ -8,7 +8,7 @@ from conftest import learning_uvit_overrides
 from scalelong.cli import main
 from scalelong.compare import Divergence
 from scalelong.errors import ScaleLongError
-from scalelong.sweep import Cell, CellSummary, cell_table, parse_numbers, stability_table
+from scalelong.sweep import Cell, CellSummary, cell_table, parse_numbers, rate_interval, stability_table
 
 
 def sweep_command(tmp_path):
@@ -65,7 +65,9 @@ def test_tables_name_the_largest_stable_lr_and_the_best_stable_cell():
         [" none ", " 0.005 "],
         [" none ", " 0.01 "],
     ]
-    assert rows[4] == "| none | 0.01 | 2 | 0.22 ± 0.25 | 1 ± 0 | 0 ± 0 | 1/2 (loss) |"
+    assert rows[4] == "| none | 0.01 | 2 | 0.22 ± 0.25 | 1 ± 0 | 0 ± 0 | 1/2 (loss) | 50% (1%-99%) |"
+    assert rate_interval(0, 5)[1] == pytest.approx(0.522, abs=1e-3)  # 0/5 still allows 52%
+    assert rate_interval(5, 5)[0] == pytest.approx(0.478, abs=1e-3)
 
 
 def mtimes(folder):
