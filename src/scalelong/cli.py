@@ -295,7 +295,7 @@ def cmd_compare(args: argparse.Namespace) -> int:
     if args.seeds < 5:
         print(
             f"{args.seeds} seed(s): seed-to-seed noise on small models exceeds these differences; "
-            "use --seeds 5 or more before concluding (see the README's 5-seed table)"
+            "use --seeds 5 or more before concluding (see the README's stability map)"
         )
     return _report_paths(result)
 
