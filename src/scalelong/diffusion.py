@@ -225,12 +225,12 @@ def output_to_epsilon(
     if schedule.prediction == "eps":
         return out
     alpha, sigma = schedule.alpha_sigma(t.to(x_t.device))
-    if schedule.prediction in ("x0", "edm"):
-        if schedule.prediction == "edm":
-            a, b = edm_coefficients(schedule, t.to(x_t.device))
-            out = per_sample(a, x_t) * x_t + per_sample(b, x_t) * out
-        return (x_t - per_sample(alpha, x_t) * out) / per_sample(sigma, x_t)
-    return per_sample(sigma, x_t) * x_t + per_sample(alpha, x_t) * out
+    if schedule.prediction == "v":
+        return per_sample(sigma, x_t) * x_t + per_sample(alpha, x_t) * out
+    if schedule.prediction == "edm":  # F -> x0
+        a, b = edm_coefficients(schedule, t.to(x_t.device))
+        out = per_sample(a, x_t) * x_t + per_sample(b, x_t) * out
+    return (x_t - per_sample(alpha, x_t) * out) / per_sample(sigma, x_t)
 
 
 def denoising_loss(

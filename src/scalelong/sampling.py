@@ -219,11 +219,6 @@ def ddim(
     return x
 
 
-def _lambda_to_t(sde: VPSDE, lam: torch.Tensor) -> torch.Tensor:
-    """Invert lambda(t) = log(alpha_t / sigma_t) (half the log-SNR) for the linear-beta VP-SDE."""
-    return sde.t_of_log_snr(2.0 * lam)
-
-
 def _dpm_solver(
     eps_fn: EpsFn,
     sde: VPSDE,
@@ -241,7 +236,8 @@ def _dpm_solver(
 
     bounds = torch.tensor([1.0, t_end], dtype=torch.float64)
     if skip_type == "logSNR":
-        ts = _lambda_to_t(sde, torch.linspace(*lam(bounds).tolist(), steps + 1, dtype=torch.float64))
+        # lam is half the log-SNR: log(alpha / sigma)
+        ts = sde.t_of_log_snr(2.0 * torch.linspace(*lam(bounds).tolist(), steps + 1, dtype=torch.float64))
     elif skip_type == "time_uniform":
         ts = torch.linspace(1.0, t_end, steps + 1, dtype=torch.float64)
     else:
