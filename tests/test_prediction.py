@@ -199,3 +199,46 @@ def test_input_free_loss_is_the_loss_of_the_best_guess_that_ignores_x_t(predicti
     worse = denoising_loss(Guess(mean + 0.2), schedule, x0, t, noise).mean()
     if prediction != "eps":  # (the epsilon guess is 0 whatever the image)
         assert worse > free  # the mean image is the best input-free guess
+
+
+class GuessX0(nn.Module):
+    """The output that stands for the x0 estimate ``guess`` under ``schedule``'s prediction."""
+
+    def __init__(self, schedule, guess: torch.Tensor):
+        super().__init__()
+        self.schedule, self.guess = schedule, guess
+
+    def forward(self, x, model_t):
+        t = model_t / 999.0 if isinstance(self.schedule, VPSDE) else model_t
+        a, s = (v.view(-1, 1, 1, 1) for v in self.schedule.alpha_sigma(t))
+        eps = (x - a * self.guess) / s  # the noise this guess implies; x_t is then reproduced
+        return prediction_target(self.schedule, self.guess.expand_as(x), t, eps)
+
+
+@pytest.mark.parametrize("prediction", PREDICTIONS)
+@pytest.mark.parametrize("kind", [VPSDE, DiscreteDDPM])
+def test_min_snr_weighs_the_x0_error_by_min_snr_gamma_whatever_the_output(prediction, kind):
+    """Min-SNR-gamma (Hang et al. 2023): loss = min(SNR, gamma) * x0 error, for eps, v, x0 and edm."""
+    schedule = kind(prediction=prediction, loss_weighting="min_snr", min_snr_gamma=5.0)
+    gen = torch.Generator().manual_seed(0)
+    x0, noise = torch.randn(6, 1, 4, 4, generator=gen), torch.randn(6, 1, 4, 4, generator=gen)
+    t = torch.tensor([0.02, 0.1, 0.3, 0.5, 0.7, 0.9], dtype=torch.float64)
+    t = (t if kind is VPSDE else (t * 999).round()).float()
+    guess = x0 + 0.3  # x0 error 0.09 per pixel
+    loss = denoising_loss(GuessX0(schedule, guess), schedule, x0, t, noise)
+    alpha, sigma = schedule.alpha_sigma(t.double())
+    snr = (alpha / sigma) ** 2
+    assert snr.min() < 0.5 and snr.max() > 50  # both branches of the min are exercised
+    torch.testing.assert_close(loss.double(), 0.09 * snr.clamp(max=5.0), rtol=2e-3, atol=1e-6)
+    default = kind(prediction=prediction)  # negative control: the plain loss weighs the levels otherwise
+    plain = denoising_loss(GuessX0(default, guess), default, x0, t, noise)
+    assert not torch.allclose(plain.double(), loss.double(), rtol=0.1)
+
+
+def test_config_names_the_loss_weighting():
+    cfg = load_config(None, ["diffusion.loss_weighting=min_snr", "diffusion.min_snr_gamma=3"])
+    assert cfg.diffusion.loss_weighting == "min_snr" and cfg.diffusion.min_snr_gamma == 3.0
+    with pytest.raises(ScaleLongError, match="diffusion.loss_weighting"):
+        load_config(None, ["diffusion.loss_weighting=p2"])
+    with pytest.raises(ScaleLongError, match="diffusion.min_snr_gamma"):
+        load_config(None, ["diffusion.min_snr_gamma=0"])

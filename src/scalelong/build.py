@@ -43,9 +43,17 @@ def build_schedule(cfg: DiffusionConfig) -> Schedule:
             time_sampling=cfg.time_sampling,
             logsnr_mean=cfg.logsnr_mean,
             logsnr_std=cfg.logsnr_std,
+            loss_weighting=cfg.loss_weighting,
+            min_snr_gamma=cfg.min_snr_gamma,
         )
     return DiscreteDDPM(
-        cfg.num_steps, cfg.beta_schedule, cfg.beta_start, cfg.beta_end, prediction=cfg.prediction
+        cfg.num_steps,
+        cfg.beta_schedule,
+        cfg.beta_start,
+        cfg.beta_end,
+        prediction=cfg.prediction,
+        loss_weighting=cfg.loss_weighting,
+        min_snr_gamma=cfg.min_snr_gamma,
     )
 
 

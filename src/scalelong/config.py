@@ -115,6 +115,8 @@ class DiffusionConfig:
     time_sampling: str = "uniform"  # vpsde training times: uniform (the recipe) | logsnr_normal
     logsnr_mean: float = 0.0  # logsnr_normal: log(alpha^2 / sigma^2) ~ N(mean, std^2)
     logsnr_std: float = 1.0
+    loss_weighting: str = "default"  # default (plain MSE; the v-loss for x0) | min_snr (Hang et al. 2023)
+    min_snr_gamma: float = 5.0  # min_snr: the x0 error's weight is min(SNR, gamma)
 
 
 @dataclass
@@ -395,6 +397,7 @@ METRIC_NAMES = ("fd-mnist", "fid")
 PREDICTION_NAMES = ("eps", "v", "x0", "edm")  # scalelong.diffusion.PREDICTIONS
 SKIP_LINEAR_INITS = ("release", "xavier")  # scalelong.models.uvit.SKIP_LINEAR_INITS
 TIME_SAMPLINGS = ("uniform", "logsnr_normal")  # scalelong.diffusion.TIME_SAMPLINGS
+LOSS_WEIGHTINGS = ("default", "min_snr")  # scalelong.diffusion.LOSS_WEIGHTINGS
 
 
 # The backbone family of each model.type, whose default kappa (scalelong.skips.DEFAULT_KAPPA) an
@@ -477,6 +480,8 @@ def validate(cfg: Config) -> None:
     _choice("diffusion.prediction", d.prediction, PREDICTION_NAMES)
     _choice("diffusion.time_sampling", d.time_sampling, TIME_SAMPLINGS)
     _positive("diffusion.logsnr_std", d.logsnr_std)
+    _choice("diffusion.loss_weighting", d.loss_weighting, LOSS_WEIGHTINGS)
+    _positive("diffusion.min_snr_gamma", d.min_snr_gamma)
     if d.time_sampling != "uniform" and d.schedule != "vpsde":
         raise ScaleLongError(
             f"diffusion.time_sampling={d.time_sampling} needs diffusion.schedule=vpsde; "

@@ -27,6 +27,13 @@ What the network outputs is the schedule's ``prediction`` (as diffusers' ``predi
   (EDM's loss weight 1 / c_out^2 on the x0 error). At low noise the input passes through the skip
   and the network only corrects it; at high noise F predicts the image, as with ``x0``.
 
+How the squared errors of different noise levels are weighed is the schedule's ``loss_weighting``:
+
+* ``default``: a plain MSE on what the network outputs (the v-loss for ``x0``, see above);
+* ``min_snr``: Min-SNR-gamma (Hang et al., ICCV 2023): whatever the network outputs, the x0 error
+  is weighted by min(SNR, gamma). Left alone, the near-clean levels, where the error is small but
+  its weight 1 + SNR huge, dominate the gradient and the levels that shape a sample learn slowly.
+
 Samplers always receive epsilon (:func:`output_to_epsilon`), so every sampler serves both.
 """
 
@@ -39,6 +46,7 @@ from scalelong.errors import ScaleLongError
 PREDICTIONS = ("eps", "v", "x0", "edm")
 EDM_SIGMA_DATA = 0.5  # EDM's sigma_data (Karras et al. 2022, Table 1)
 TIME_SAMPLINGS = ("uniform", "logsnr_normal")
+LOSS_WEIGHTINGS = ("default", "min_snr")
 # x0-prediction's loss is the v-loss, (x0 error / sigma)^2; sigma is floored here so that the
 # weight, 1 / sigma^2, stays finite near t = 0 (as JiT floors its noise level).
 X0_LOSS_SIGMA_MIN = 0.05
@@ -49,6 +57,15 @@ def _check_prediction(prediction: str) -> str:
         choices = ", ".join(PREDICTIONS)
         raise ScaleLongError(f"prediction={prediction!r} is not supported; choose one of {choices}")
     return prediction
+
+
+def _check_weighting(loss_weighting: str, min_snr_gamma: float) -> tuple[str, float]:
+    if loss_weighting not in LOSS_WEIGHTINGS:
+        choices = ", ".join(LOSS_WEIGHTINGS)
+        raise ScaleLongError(f"loss_weighting={loss_weighting!r} is not supported; choose one of {choices}")
+    if not min_snr_gamma > 0:
+        raise ScaleLongError(f"min_snr_gamma must be > 0, got {min_snr_gamma}")
+    return loss_weighting, float(min_snr_gamma)
 
 
 def per_sample(v: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
@@ -70,6 +87,8 @@ class VPSDE:
         time_sampling: str = "uniform",
         logsnr_mean: float = 0.0,
         logsnr_std: float = 1.0,
+        loss_weighting: str = "default",
+        min_snr_gamma: float = 5.0,
     ):
         if not 0 < beta_min < beta_max:
             raise ScaleLongError(f"need 0 < beta_min < beta_max, got {beta_min}, {beta_max}")
@@ -82,6 +101,7 @@ class VPSDE:
         self.beta_min, self.beta_max, self.t_min = beta_min, beta_max, t_min
         self.prediction = _check_prediction(prediction)
         self.time_sampling, self.logsnr_mean, self.logsnr_std = time_sampling, logsnr_mean, logsnr_std
+        self.loss_weighting, self.min_snr_gamma = _check_weighting(loss_weighting, min_snr_gamma)
 
     def beta(self, t: torch.Tensor) -> torch.Tensor:
         return self.beta_min + t * (self.beta_max - self.beta_min)
@@ -134,6 +154,8 @@ class DiscreteDDPM:
         beta_start: float = 1e-4,
         beta_end: float = 0.02,
         prediction: str = "eps",
+        loss_weighting: str = "default",
+        min_snr_gamma: float = 5.0,
     ):
         if beta_schedule == "linear":
             betas = torch.linspace(beta_start, beta_end, num_steps, dtype=torch.float64)
@@ -148,6 +170,7 @@ class DiscreteDDPM:
         self.betas = betas
         self.alphas_cumprod = torch.cumprod(1.0 - betas, dim=0)
         self.prediction = _check_prediction(prediction)
+        self.loss_weighting, self.min_snr_gamma = _check_weighting(loss_weighting, min_snr_gamma)
 
     def alpha_sigma(self, t: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         acp = self.alphas_cumprod.to(t.device)[t.long()]
@@ -251,11 +274,21 @@ def denoising_loss(
 
 
 def loss_weight(schedule: Schedule, t: torch.Tensor) -> torch.Tensor:
-    """Per-sample weight of the squared error: 1, or for x0-prediction 1 / max(sigma, floor)^2."""
+    """Per-sample weight of the squared error of the network output (B,).
+
+    ``default``: 1, or for x0-prediction 1 / max(sigma, floor)^2 (the v-loss). ``min_snr``: the
+    weight that makes the loss min(SNR, gamma) times the x0 error, given that the output's squared
+    error is the x0 error times SNR (eps), 1 + SNR (v), 1 (x0) or 1 / c_out^2 (edm)."""
+    alpha, sigma = (v.double() for v in schedule.alpha_sigma(t.double()))
+    snr = (alpha / sigma).square()
+    if schedule.loss_weighting == "min_snr":
+        per_x0 = {"eps": snr, "v": snr + 1, "x0": torch.ones_like(snr)}.get(schedule.prediction)
+        if per_x0 is None:  # edm: x0 error = c_out * F error
+            per_x0 = edm_coefficients(schedule, t)[1].double().square().reciprocal()
+        return (snr.clamp(max=schedule.min_snr_gamma) / per_x0).float()
     if schedule.prediction != "x0":
         return torch.ones_like(t, dtype=torch.float32)
-    sigma = schedule.alpha_sigma(t)[1].float()
-    return sigma.clamp(min=X0_LOSS_SIGMA_MIN).square().reciprocal()
+    return sigma.float().clamp(min=X0_LOSS_SIGMA_MIN).square().reciprocal()
 
 
 @torch.no_grad()
