@@ -1,26 +1,39 @@
-"""``python tests/run_until_killed.py STEP ARGS...``: ``scalelong ARGS...`` that waits to be killed
-after step STEP (its log record, checkpoint and sample grid). The kill-and-resume tests start it."""
+"""``python tests/run_until_killed.py STEP ARGS...``: ``scalelong ARGS...`` whose runs wait to be
+killed after step STEP (its log record, checkpoint and sample grid). The kill-and-resume tests
+start it with ``train``; with ``compare`` or ``sweep`` every run of the study waits, in this
+process or in ``--jobs`` workers (the hook pickles, so it reaches them)."""
 
 import functools
 import sys
 import time
 
+import scalelong.compare
+import scalelong.sweep
 import scalelong.train
 from scalelong.cli import main
 
 
-def wait_after(at_step: int):
+def wait_after(at_step: int, step: int, trainer) -> None:
     """A step hook that sleeps for good once step ``at_step`` is done."""
+    while step == at_step:
+        time.sleep(0.5)
 
-    def hook(step: int, trainer) -> None:
-        while step == at_step:
-            time.sleep(0.5)
 
-    return hook
+def waiting_run_all(run_all, at_step: int):
+    """``run_all`` whose runs all carry the :func:`wait_after` hook."""
+
+    def wrapped(cfgs, jobs=1, progress=True, train_kwargs=None):
+        kwargs = dict(train_kwargs or {})
+        kwargs["step_hooks"] = [*kwargs.get("step_hooks", []), functools.partial(wait_after, at_step)]
+        return run_all(cfgs, jobs, progress, kwargs)
+
+    return wrapped
 
 
 if __name__ == "__main__":
     at_step, argv = int(sys.argv[1]), sys.argv[2:]
-    train = functools.partial(scalelong.train.train, step_hooks=[wait_after(at_step)])
-    scalelong.train.train = train  # what `scalelong train` calls
+    hook = functools.partial(wait_after, at_step)
+    scalelong.train.train = functools.partial(scalelong.train.train, step_hooks=[hook])  # `scalelong train`
+    scalelong.compare.run_all = waiting_run_all(scalelong.compare.run_all, at_step)  # `scalelong compare`
+    scalelong.sweep.run_all = waiting_run_all(scalelong.sweep.run_all, at_step)  # `scalelong sweep`
     sys.exit(main(argv))

@@ -1,6 +1,12 @@
 """The stability map (`scalelong sweep`): cells, validation, divergence as a result, reuse, seeds added."""
 
 import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
 
 import pytest
 
@@ -114,3 +120,70 @@ def test_sweep_records_divergence_reuses_runs_and_adds_seeds(tmp_path, capsys):
     report = (sweep / "report.md").read_text()
     assert "| none | 0.02 | 2 | " in report and "| none | 1000 | 1 | " in report
     assert "1 to 2 seed(s) each" in report
+
+
+def alive(pid: int) -> bool:
+    """A process that still runs (a zombie, dead but not yet reaped, does not count)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except (FileNotFoundError, ProcessLookupError):
+        return False
+
+
+def start_waiting_sweep(tmp_path) -> tuple[subprocess.Popen, list[Path], list[int]]:
+    """A two-run sweep on --jobs 2 whose runs wait after their step-3 checkpoint; returns the
+    process, the run directories and the pids of its workers once both runs are waiting."""
+    overrides = [*learning_uvit_overrides(tmp_path), "train.checkpoint_every=3", "train.log_every=3"]
+    command = [sys.executable, str(Path(__file__).with_name("run_until_killed.py")), "3", "sweep"]
+    command += ["configs/demo.yaml", *overrides, "--methods", "none,cs", "--lrs", "1e-3", "--depths", "4"]
+    env = dict(os.environ, OMP_NUM_THREADS="1", MKL_NUM_THREADS="1")
+    proc = subprocess.Popen([*command, "--jobs", "2", "--no-progress"], env=env, text=True,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)  # fmt: skip
+    runs = [tmp_path / "t-sweep" / "runs" / f"d4-lr0.001-{m}-seed0" for m in ("none", "cs")]
+    end = time.monotonic() + 240
+    while not all((r / "checkpoints" / "step-000003").exists() for r in runs):
+        assert proc.poll() is None, proc.communicate()
+        assert time.monotonic() < end, "the runs did not reach step 3"
+        time.sleep(0.2)
+    children = Path(f"/proc/{proc.pid}/task/{proc.pid}/children").read_text().split()
+    workers = [int(pid) for pid in children if alive(int(pid))]
+    assert len(workers) >= 2  # the pool's workers (and the spawn resource tracker)
+    return proc, runs, workers
+
+
+def assert_ended_cleanly(runs: list[Path], workers: list[int]) -> None:
+    end = time.monotonic() + 30
+    while any(alive(pid) for pid in workers) and time.monotonic() < end:
+        time.sleep(0.2)
+    assert not [pid for pid in workers if alive(pid)], "a worker outlived the sweep"
+    for run in runs:
+        summary = json.loads((run / "summary.json").read_text())
+        assert summary["status"] == "interrupted" and summary["steps"] == 3, summary
+        assert (run / "checkpoints" / "step-000003").is_dir() and not (run / ".lock").exists()
+
+
+PROC_TREE = pytest.mark.skipif(
+    not Path("/proc/self/task").is_dir(), reason="reads the process tree from /proc"
+)
+
+
+@pytest.mark.slow
+@PROC_TREE
+def test_sigterm_to_a_pooled_sweep_ends_every_worker_and_each_run_cleanly(tmp_path):
+    """A job scheduler's SIGTERM reaches the sweep's parent alone: the runs in its --jobs workers
+    must end as interrupted runs (checkpoint kept, lock released) and no worker may outlive it."""
+    proc, runs, workers = start_waiting_sweep(tmp_path)
+    proc.send_signal(signal.SIGTERM)  # to the parent only
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 2 and err.strip().count("\n") == 0 and "interrupted" in err, err
+    assert_ended_cleanly(runs, workers)
+
+
+@pytest.mark.slow
+@PROC_TREE
+def test_workers_of_a_killed_sweep_end_their_runs_cleanly(tmp_path):
+    """SIGKILL leaves the parent no chance to act: the workers notice and end their runs themselves."""
+    proc, runs, workers = start_waiting_sweep(tmp_path)
+    proc.kill()
+    proc.communicate(timeout=60)
+    assert_ended_cleanly(runs, workers)

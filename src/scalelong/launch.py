@@ -17,6 +17,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ProcessPoolExecutor, as_completed
@@ -69,9 +70,11 @@ def on_main_process(accelerator, fn: Callable[[], object]) -> object:
 
 @contextmanager
 def sigterm_as_interrupt() -> Iterator[None]:
-    """Treat SIGTERM like Ctrl-C, so both end a run the same clean way."""
+    """Treat SIGTERM like Ctrl-C, so both end a run the same clean way. Once one has arrived, more
+    are ignored until the block ends, so a second one cannot cut short the winding down."""
 
     def handler(signum, frame):
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
         raise KeyboardInterrupt
 
     try:
@@ -154,6 +157,19 @@ def _init_worker(threads: int) -> None:
         torch.set_num_interop_threads(threads)
     except RuntimeError:  # settable only before the first parallel work; a fresh worker has done none
         pass
+    threading.Thread(target=_end_with_parent, args=(os.getppid(),), daemon=True).start()
+
+
+def _end_with_parent(parent: int, every: float = 1.0) -> None:
+    """A pool worker never learns that its parent died (SIGKILL, a crash): it would idle, or train
+    on for nobody, for good. When the parent is gone this worker sends itself SIGTERM, which ends
+    a run in flight cleanly (:func:`sigterm_as_interrupt`, which ignores the repeats while the run
+    winds down) and then, back between runs, the worker itself."""
+    while os.getppid() == parent:
+        time.sleep(every)
+    while True:
+        os.kill(os.getpid(), signal.SIGTERM)
+        time.sleep(every)
 
 
 def pool_map(
@@ -165,7 +181,10 @@ def pool_map(
     that many spawned worker processes (at most one per core and per item), each with ``threads``
     torch threads (default: its share of the cores, :func:`share_cores`); ``fn`` and ``args`` must
     then pickle. An exception ends only its own item: it is yielded in place of the result and
-    the other items go on (a KeyboardInterrupt ends them all).
+    the other items go on. Ctrl-C, SIGTERM (to this process alone, as a job scheduler sends it) or
+    the caller's own exception ends them all: items not started are cancelled and every worker
+    gets SIGTERM, so a run in flight ends the way an interrupted run does (its last complete
+    checkpoint kept), and no worker outlives the pool.
     """
     workers = min(share_cores(jobs)[0], len(args))
     if workers <= 1:
@@ -182,11 +201,19 @@ def pool_map(
         initargs=(threads or share_cores(workers)[1],),
     )
     try:
-        futures = {pool.submit(fn, *a): i for i, a in enumerate(args)}
-        for future in as_completed(futures):
-            try:
-                yield futures[future], future.result()
-            except Exception as e:  # a worker that died (BrokenProcessPool) included
-                yield futures[future], e
+        with sigterm_as_interrupt():
+            futures = {pool.submit(fn, *a): i for i, a in enumerate(args)}
+            for future in as_completed(futures):
+                try:
+                    yield futures[future], future.result()
+                except Exception as e:  # a worker that died (BrokenProcessPool) included
+                    yield futures[future], e
+    except BaseException:  # interrupted, or the caller stopped early (GeneratorExit included)
+        workers = list(pool._processes.values())  # the executor's own record of its processes
+        pool.shutdown(wait=False, cancel_futures=True)
+        for worker in workers:
+            if worker.is_alive():
+                worker.terminate()  # SIGTERM: each training run ends cleanly (see train.train)
+        raise
     finally:
         pool.shutdown(wait=True, cancel_futures=True)
