@@ -4,7 +4,7 @@ import sys
 import pytest
 
 from scalelong.errors import ScaleLongError
-from scalelong.plots import load_metrics, series, write_plots
+from scalelong.plots import load_metrics, series, spans_decades, write_plots
 from scalelong.runs import MetricsLog
 
 
@@ -82,3 +82,11 @@ def test_analyze_drops_a_torn_last_line_and_its_plots_count_as_scalelong_files(t
     assert len(warnings) == 1 and "last line is cut short" in warnings[0] and err == ""
     plots = sorted(run.report_dir.iterdir())
     assert len(plots) == 6 and set(plots) <= set(run.project_files())  # every kind: --overwrite removes them
+
+
+def test_feature_norms_go_on_a_log_axis_only_when_they_blow_up():
+    steady = [169.0, 294.0, 530.0, 505.0]
+    blown_up = [*steady, 1.0e7, 5.7e7]  # the demo's `none` run at lr 5e-3 after step 8,150
+    assert not spans_decades(steady) and spans_decades(blown_up)
+    assert not spans_decades([float("nan"), 0.0, -1.0]) and not spans_decades([])
+    assert spans_decades([1.0, float("inf"), 101.0]) and not spans_decades([1.0, float("inf"), 99.0])

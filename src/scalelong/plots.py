@@ -78,9 +78,17 @@ def _save(fig, path: str | Path) -> Path:
     return path
 
 
+def spans_decades(values: Sequence[float], ratio: float = 100.0) -> bool:
+    """True when the positive finite ``values`` span more than ``ratio`` (max / min): a blow-up
+    that a linear axis would flatten everything else under."""
+    positive = [v for v in values if math.isfinite(v) and v > 0]
+    return bool(positive) and max(positive) > ratio * min(positive)
+
+
 def _per_method(
-    records_by_method: Mapping[str, Records], key: str, path: str | Path, ylabel: str, log: bool
+    records_by_method: Mapping[str, Records], key: str, path: str | Path, ylabel: str, log: bool | None
 ) -> Path:
+    """One line per method; ``log`` None: a log axis only when the values span decades."""
     fig, axes = _figure()
     ax = axes[0][0]
     for method, records in records_by_method.items():
@@ -88,7 +96,8 @@ def _per_method(
         if steps:
             ax.plot(steps, values, label=method)
     ax.set(xlabel="step", ylabel=ylabel)
-    if log and any(v > 0 for r in records_by_method.values() for v in series(r, key)[1] if math.isfinite(v)):
+    values = [v for r in records_by_method.values() for v in series(r, key)[1]]
+    if spans_decades(values) if log is None else log and any(v > 0 and math.isfinite(v) for v in values):
         ax.set_yscale("log")
     ax.legend()
     return _save(fig, path)
@@ -100,8 +109,9 @@ def plot_loss(records_by_method: Mapping[str, Records], path: str | Path) -> Pat
 
 
 def plot_feature_norm(records_by_method: Mapping[str, Records], path: str | Path) -> Path:
-    """The paper's Fig. 1: norm of hidden features (mean over blocks) vs step, one line per method."""
-    return _per_method(records_by_method, "feature_norm", path, "norm of hidden features", log=False)
+    """The paper's Fig. 1: norm of hidden features (mean over blocks) vs step, one line per method;
+    on a log axis when a run's norms blow up by decades."""
+    return _per_method(records_by_method, "feature_norm", path, "norm of hidden features", log=None)
 
 
 def plot_fd(records_by_method: Mapping[str, Records], path: str | Path, key: str = "fd") -> Path:
