@@ -209,7 +209,7 @@ def pool_map(
                 except Exception as e:  # a worker that died (BrokenProcessPool) included
                     yield futures[future], e
     except BaseException:  # interrupted, or the caller stopped early (GeneratorExit included)
-        workers = list(pool._processes.values())  # the executor's own record of its processes
+        workers = list((pool._processes or {}).values())  # the executor's own record (None once shut down)
         pool.shutdown(wait=False, cancel_futures=True)
         for worker in workers:
             if worker.is_alive():
