@@ -279,16 +279,22 @@ def loss_weight(schedule: Schedule, t: torch.Tensor) -> torch.Tensor:
     ``default``: 1, or for x0-prediction 1 / max(sigma, floor)^2 (the v-loss). ``min_snr``: the
     weight that makes the loss min(SNR, gamma) times the x0 error, given that the output's squared
     error is the x0 error times SNR (eps), 1 + SNR (v), 1 (x0) or 1 / c_out^2 (edm)."""
+    if schedule.loss_weighting == "default":
+        if schedule.prediction != "x0":
+            return torch.ones_like(t, dtype=torch.float32)
+        sigma = schedule.alpha_sigma(t)[1].float()
+        return sigma.clamp(min=X0_LOSS_SIGMA_MIN).square().reciprocal()
     alpha, sigma = (v.double() for v in schedule.alpha_sigma(t.double()))
     snr = (alpha / sigma).square()
-    if schedule.loss_weighting == "min_snr":
-        per_x0 = {"eps": snr, "v": snr + 1, "x0": torch.ones_like(snr)}.get(schedule.prediction)
-        if per_x0 is None:  # edm: x0 error = c_out * F error
-            per_x0 = edm_coefficients(schedule, t)[1].double().square().reciprocal()
-        return (snr.clamp(max=schedule.min_snr_gamma) / per_x0).float()
-    if schedule.prediction != "x0":
-        return torch.ones_like(t, dtype=torch.float32)
-    return sigma.float().clamp(min=X0_LOSS_SIGMA_MIN).square().reciprocal()
+    if schedule.prediction == "eps":
+        per_x0 = snr
+    elif schedule.prediction == "v":
+        per_x0 = snr + 1
+    elif schedule.prediction == "x0":
+        per_x0 = 1.0
+    else:  # edm: x0 error = c_out * F error
+        per_x0 = edm_coefficients(schedule, t)[1].double().square().reciprocal()
+    return (snr.clamp(max=schedule.min_snr_gamma) / per_x0).float()
 
 
 @torch.no_grad()
@@ -400,6 +406,7 @@ __all__ = [
     "EDM_SIGMA_DATA",
     "edm_coefficients",
     "TIME_SAMPLINGS",
+    "LOSS_WEIGHTINGS",
     "training_loss",
     "denoising_loss",
     "input_free_loss",
