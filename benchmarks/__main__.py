@@ -68,6 +68,12 @@ REGISTRY = {
         device_flag=False,
         default=False,
     ),
+    "fd_mnist_scale": Bench(
+        "fd_mnist_scale",
+        "FD-MNIST of held-out digits under controlled damage",
+        device_flag=False,
+        default=False,
+    ),
     "sweep_pool": Bench(
         "sweep_pool", "a tiny sweep: 2 workers sharing the cores vs one after another", device_flag=False
     ),

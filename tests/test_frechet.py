@@ -117,3 +117,21 @@ def test_fd_mnist_separates_real_digits_from_noise() -> None:
     blurred = fd_of_images(features, torch.nn.functional.avg_pool2d(embedded_mnist("test")[0], 3, 1, 1), ref)
     assert real * 20 < noise, (real, noise)
     assert real < blurred < noise, (real, blurred, noise)
+
+
+def test_fd_mnist_scale_orders_damage_to_real_digits():
+    """The yardstick of benchmarks/fd_mnist_scale.py: more damage of one kind, larger distance,
+    and real held-out digits far below every damaged version that changes their strokes."""
+    from benchmarks.fd_mnist_scale import scale
+
+    images, labels = embedded_mnist("test")
+    fd = scale(images[::2], labels[::2])  # 500 digits, 50 per class
+    assert fd["real (held out)"] < 10
+    for kind in (("gaussian noise 0.1", "gaussian noise 0.2", "gaussian noise 0.4"),
+                 ("shifted 1 px", "shifted 2 px"),
+                 ("blur 0.5 px", "blur 0.8 px", "blur 1.2 px"),
+                 ("digits 0-8 only", "digits 0-4 only")):  # fmt: skip
+        values = [fd[k] for k in kind]
+        assert values == sorted(values), (kind, values)
+    assert fd["strokes 1 px thicker (3x3 max)"] > 100 and fd["blur 0.8 px"] > 100
+    assert fd["uniform noise"] > 1000

@@ -45,6 +45,7 @@ class UViTConfig:
     context_tokens: int = 77
     conv_out: bool = True
     mlp_time_embed: bool = False  # the release's MLP on the time token (its configs use False)
+    mlp_conv: bool = False  # depthwise 3x3 conv over the patch grid in every MLP (not in the release)
     skip_linear_init: str = "release"  # release: trunc_normal(0.02) | xavier: width-aware (small models)
 
 

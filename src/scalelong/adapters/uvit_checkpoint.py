@@ -152,8 +152,8 @@ def load_uvit_checkpoint(path: str | Path, config: Any, strict: bool = True) -> 
     if problems:
         raise ScaleLongError(
             f"U-ViT checkpoint {path} does not fit the config ({'; '.join(problems)}); check img_size, "
-            "patch_size, embed_dim, depth, num_classes, context_dim, mlp_time_embed, conv_out and the "
-            "skip method against the release"
+            "patch_size, embed_dim, depth, num_classes, context_dim, mlp_time_embed, conv_out, mlp_conv "
+            "(the release has none) and the skip method against the release"
         )
     if unexpected:
         warnings.warn(f"U-ViT checkpoint {path}: ignored {_listed(unexpected, 32)}", stacklevel=2)

@@ -48,26 +48,41 @@ class Attention(nn.Module):
 
 
 class Mlp(nn.Module):
-    def __init__(self, dim: int, hidden: int):
+    """The block's MLP. With ``grid > 0`` a depthwise 3x3 convolution over the grid x grid patch
+    tokens (the last grid**2 of the sequence) is added to the hidden layer before the activation,
+    as in the convolutional feed-forward of LocalViT (Li et al. 2021) and PVT v2 (Wang et al. 2022);
+    the conditioning tokens in front pass through unchanged."""
+
+    def __init__(self, dim: int, hidden: int, grid: int = 0):
         super().__init__()
         self.fc1 = nn.Linear(dim, hidden)
         self.act = nn.GELU()
         self.fc2 = nn.Linear(hidden, dim)
+        self.grid = grid
+        self.dwconv = nn.Conv2d(hidden, hidden, 3, padding=1, groups=hidden) if grid else None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.fc2(self.act(self.fc1(x)))
+        h = self.fc1(x)
+        if self.dwconv is not None:
+            extras, patches = h.split([h.shape[1] - self.grid**2, self.grid**2], dim=1)
+            image = patches.transpose(1, 2).unflatten(2, (self.grid, self.grid))  # (B, hidden, g, g)
+            patches = patches + self.dwconv(image).flatten(2).transpose(1, 2)
+            h = torch.cat([extras, patches], dim=1)
+        return self.fc2(self.act(h))
 
 
 class Block(nn.Module):
     """Pre-LN transformer block; an out-block first merges the (scaled) long skip."""
 
-    def __init__(self, dim: int, num_heads: int, mlp_ratio: float, qkv_bias: bool, merges_skip: bool):
+    def __init__(
+        self, dim: int, num_heads: int, mlp_ratio: float, qkv_bias: bool, merges_skip: bool, grid: int = 0
+    ):
         super().__init__()
         self.skip_linear = nn.Linear(2 * dim, dim) if merges_skip else None
         self.norm1 = nn.LayerNorm(dim)
         self.attn = Attention(dim, num_heads, qkv_bias)
         self.norm2 = nn.LayerNorm(dim)
-        self.mlp = Mlp(dim, int(dim * mlp_ratio))
+        self.mlp = Mlp(dim, int(dim * mlp_ratio), grid)
 
     def forward(self, x: torch.Tensor, skip: torch.Tensor | None = None) -> torch.Tensor:
         if self.skip_linear is not None:
@@ -103,6 +118,9 @@ class UViT(nn.Module):
             the time token.
         context_tokens: number of text tokens (77 for CLIP).
         conv_out: the release's final 3x3 convolution after unpatchify.
+        mlp_conv: a depthwise 3x3 convolution over the patch grid inside every block's MLP
+            (:class:`Mlp`), giving each block the locality a convolutional UNet has; off in the
+            release. It adds ``10 * mlp_ratio * D`` parameters per block (weights and biases).
         skip_linear_init: how the out-blocks' ``skip_linear`` (2D -> D, on the main path) start.
             ``release``: trunc_normal(std 0.02) like every other linear layer of the release. That
             multiplies the features by about 0.02 * sqrt(2D) per out-block (0.64 at the release's
@@ -130,6 +148,7 @@ class UViT(nn.Module):
         context_tokens: int = 77,
         conv_out: bool = True,
         mlp_time_embed: bool = False,
+        mlp_conv: bool = False,
         skip_linear_init: str = "release",
         skip_method: str = "none",
         kappa: float = DEFAULT_KAPPA["uvit"],
@@ -140,7 +159,8 @@ class UViT(nn.Module):
         self.embed_dim = embed_dim
         self.num_classes = num_classes
         self.patch_embed = PatchEmbed(patch_size, in_channels, embed_dim)
-        num_patches = (img_size // patch_size) ** 2
+        grid = img_size // patch_size
+        num_patches = grid**2
         self.time_embed = (
             nn.Sequential(nn.Linear(embed_dim, 4 * embed_dim), nn.SiLU(), nn.Linear(4 * embed_dim, embed_dim))
             if mlp_time_embed
@@ -153,7 +173,7 @@ class UViT(nn.Module):
         self.pos_embed = nn.Parameter(torch.zeros(1, self.num_tokens, embed_dim))
 
         def block(merges_skip: bool) -> Block:
-            return Block(embed_dim, num_heads, mlp_ratio, qkv_bias, merges_skip)
+            return Block(embed_dim, num_heads, mlp_ratio, qkv_bias, merges_skip, grid if mlp_conv else 0)
 
         self.in_blocks = nn.ModuleList(block(False) for _ in range(depth // 2))
         self.mid_block = block(False)
