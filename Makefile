@@ -23,7 +23,7 @@ setup: $(VENV)/.installed
 
 demo: setup
 	@start=$$(date +%s); \
-	$(BIN)/scalelong compare configs/demo.yaml --methods none,sqrt2,cs,ls --jobs 2 --steps 800 eval.every=100; status=$$?; \
+	$(BIN)/scalelong compare configs/demo.yaml --methods none,sqrt2,cs,ls --jobs 2 --steps 700 eval.every=100; status=$$?; \
 	echo "make demo: $$(( $$(date +%s) - start )) s elapsed"; exit $$status
 
 test: setup
