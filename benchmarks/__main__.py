@@ -1,14 +1,14 @@
-"""One entry point for the benchmarks: run them, assemble results/SUMMARY.md, embed it in the README.
+"""One entry point for the benchmarks: run them, assemble results/SUMMARY.md, embed it in docs/benchmarks.md.
 
     python -m benchmarks --quick                   # every default benchmark, quick mode (make bench)
     python -m benchmarks --only method_overhead throughput
-    python -m benchmarks --summary                 # no runs: rebuild SUMMARY.md / README from results/
+    python -m benchmarks --summary                 # no runs: rebuild SUMMARY.md, docs/benchmarks.md
     python -m benchmarks --list
 
 Each benchmark runs in its own process (``python -m benchmarks.<name>``) so threads, memory
 and compile caches do not leak between them; each writes ``results/<name>[_quick].json|md``.
 The summary reads those files (the requested mode first, the other mode as a fallback, marked)
-and replaces the text between ``<!-- bench:start -->`` and ``<!-- bench:end -->`` in README.md.
+and replaces the text between ``<!-- bench:start -->`` and ``<!-- bench:end -->`` in docs/benchmarks.md.
 """
 
 from __future__ import annotations
@@ -328,8 +328,8 @@ def summary(quick: bool) -> str:
     return "\n\n".join([head, *[b for b in blocks if b]]) + "\n"
 
 
-def update_readme(text: str, readme: Path = ROOT / "README.md") -> None:
-    """Replace the marked block of the README (or append it under '## Performance')."""
+def update_readme(text: str, readme: Path = ROOT / "docs" / "benchmarks.md") -> None:
+    """Replace the marked block of the benchmarks page (or append it under '## Performance')."""
     body = readme.read_text()
     block = f"{START}\n{text.rstrip()}\n{END}"
     if START in body and END in body:
@@ -345,8 +345,8 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--quick", action="store_true", help="each benchmark's --quick mode")
     p.add_argument("--only", nargs="+", choices=list(REGISTRY), help="run these (default: all default ones)")
     p.add_argument("--device", default="auto", help="auto | cpu | cuda, for the benchmarks that take it")
-    p.add_argument("--summary", action="store_true", help="run nothing; rebuild SUMMARY.md and the README")
-    p.add_argument("--no-readme", action="store_true", help="leave README.md alone")
+    p.add_argument("--summary", action="store_true", help="run nothing; rebuild the summaries")
+    p.add_argument("--no-readme", action="store_true", help="leave docs/benchmarks.md alone")
     p.add_argument("--list", action="store_true")
     args = p.parse_args(argv)
     if args.list:

@@ -137,6 +137,8 @@ def test_compare_command_writes_every_plot_and_the_table(tmp_path, capsys):
         assert (report / name).is_file(), name
     rows = [line for line in stdout.splitlines() if line.startswith("| ")]
     assert [r.split("|")[1].strip() for r in rows[1:]] == ["none", "cs", "ls"]
+    assert "| confident digits (real 0.96) | class balance (real 1.00) |" in rows[0]  # fd-mnist: beside FD
+    assert "Held-out real digits score 0.96 and 1.00" in " ".join(stdout.split())
     assert "data:image/png;base64," in (report / "report.html").read_text()
     # a second call reuses the finished runs instead of training again
     assert main(command) == 0

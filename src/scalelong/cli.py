@@ -1,4 +1,4 @@
-"""Command line: ``scalelong train | info | sample | eval | fid-stats | compare | sweep | analyze |
+"""Command line: ``scalelong train | info | configs | sample | eval | fid-stats | compare | sweep | analyze |
 extract-features``.
 
 Every mistake a user can make (config, data, checkpoint, arguments) ends in one line on stderr
@@ -21,7 +21,9 @@ class _Parser(argparse.ArgumentParser):
 
 
 def _add_config_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("config", help="YAML config file, e.g. configs/demo.yaml")
+    p.add_argument(
+        "config", help="YAML config file or preset name, e.g. demo (`scalelong configs` lists the presets)"
+    )
     p.add_argument(
         "overrides",
         nargs="*",
@@ -35,10 +37,12 @@ def cmd_train(args: argparse.Namespace) -> int:
     cfg = load_config(args.config, args.overrides)
     if args.dry_run:
         return _print_info(cfg, dry_run=True)
+    from scalelong.build import check_model
     from scalelong.launch import launch_processes
     from scalelong.runs import RunDir
     from scalelong.train import train
 
+    check_model(cfg.model)  # a shape the model rejects: one line now, before the data is read
     if args.num_processes > 1:
         flags = [f for f in ("overwrite", "resume", "no_progress") if getattr(args, f)]
         argv = [args.config, *args.overrides, *(f"--{f.replace('_', '-')}" for f in flags)]
@@ -63,14 +67,14 @@ def cmd_info(args: argparse.Namespace) -> int:
 def _print_info(cfg, dry_run: bool = False) -> int:
     import yaml
 
-    from scalelong.build import build_model, count_parameters
+    from scalelong.build import check_model, count_parameters
     from scalelong.config import config_to_dict
     from scalelong.skips import skip_table
 
+    model = check_model(cfg.model)  # on the meta device: shapes checked, counted, no weights made
     if dry_run:
         print(yaml.safe_dump(config_to_dict(cfg), sort_keys=False).rstrip())
         print()
-    model = build_model(cfg.model, device="meta")  # counts and shapes only: no weights are made
     print(f"model: {cfg.model.type}, {count_parameters(model):,} parameters")
     print(
         f"skips: {cfg.model.skip.method}"
@@ -137,9 +141,15 @@ def cmd_eval(args: argparse.Namespace) -> int:
     r = evaluate_run(
         args.run_dir, args.n, args.fid_stats, args.metric, args.sampler, args.steps, args.step,
         args.inception_weights, args.batch_size, resolve_device(args.device), not args.no_progress,
+        weights=args.weights,
     )  # fmt: skip
     how = f"{r['checkpoint']}, {r['fd_samples']} samples, {r['fd_sampler']} {r['fd_steps']} steps"
-    print(f"{r['fd_metric']} {r['fd']:.4f} ({how})")
+    digits = ""
+    if "digits" in r:  # beside FD-MNIST, the readable part: recognisable digits and class balance
+        from scalelong.fd_mnist import format_digit_score
+
+        digits = f"; digits: {format_digit_score(r['digits'], r['digits_real'])}"
+    print(f"{r['fd_metric']} {r['fd']:.4f} ({how}){digits}")
     return 0
 
 
@@ -179,6 +189,9 @@ def _add_sampling_commands(sub) -> None:
         p.add_argument("--steps", type=_count(1), help="sampler steps; default: the run's config")
         p.add_argument("--step", type=_step_arg, help="checkpoint step, 'latest' (default) or 'best'")
         p.add_argument("--batch-size", type=_count(1), help="images per network batch")
+        p.add_argument(
+            "--weights", default="ema", choices=("ema", "model"), help="EMA (default) or raw weights"
+        )
 
     inception = "local pt_inception-2015-12-05 weights (offline machines); default: pytorch-fid's download"
     p = sub.add_parser("sample", help="draw images from a run's EMA weights", description=sample_doc)
@@ -189,7 +202,6 @@ def _add_sampling_commands(sub) -> None:
     p.add_argument(
         "--label", type=_count(0), help="class of every image (class-conditional runs); default: cycle"
     )
-    p.add_argument("--weights", default="ema", choices=("ema", "model"), help="EMA (default) or raw weights")
     p.add_argument("--prompt", action="append", help="text-to-image runs: a caption (repeatable)")
     p.add_argument("--prompts-file", help="text-to-image runs: captions, one per line")
     p.add_argument(
@@ -217,7 +229,8 @@ def _add_sampling_commands(sub) -> None:
     p = sub.add_parser(
         "eval",
         help="sample from a run and compute FID / FD-MNIST",
-        description="Sample N images from a checkpoint's EMA weights and compute their Fréchet distance.",
+        description="Sample N images from a checkpoint's weights (EMA unless --weights model) and compute "
+        "their Fréchet distance.",
     )
     checkpoint_args(p)
     p.add_argument(
@@ -273,10 +286,32 @@ def build_parser() -> argparse.ArgumentParser:
     )
     _add_config_args(p)
     p.set_defaults(func=cmd_info)
+    _add_configs_command(sub)
     _add_sampling_commands(sub)
     _add_study_commands(sub)
     _add_t2i_commands(sub)
     return parser
+
+
+def cmd_configs(args: argparse.Namespace) -> int:
+    from scalelong.presets import PRESET_DIR, presets
+
+    table = presets()
+    width = max(map(len, table), default=0)
+    for name, description in table.items():
+        print(f"{name:<{width}}  {description}")
+    print(f"\nPass a name wherever a config goes (scalelong train demo); the files: {PRESET_DIR}")
+    return 0
+
+
+def _add_configs_command(sub) -> None:
+    p = sub.add_parser(
+        "configs",
+        help="list the shipped presets",
+        description="List the YAML recipes shipped with scalelong, one line each. Every command that "
+        "takes a config accepts a preset's name in place of a file; copy a file to make your own.",
+    )
+    p.set_defaults(func=cmd_configs)
 
 
 def cmd_compare(args: argparse.Namespace) -> int:
@@ -292,6 +327,10 @@ def cmd_compare(args: argparse.Namespace) -> int:
         cfg, methods, args.seeds, report_dir, progress=not args.no_progress, jobs=args.jobs
     )
     print(f"\n{result.table}\n")
+    if result.legend:  # e.g. the digit score, with the real digits' values as the yardstick
+        import textwrap
+
+        print(textwrap.fill(result.legend, 100) + "\n")
     if args.seeds < 5:
         print(
             f"{args.seeds} seed(s): seed-to-seed noise on small models exceeds these differences; "
@@ -330,16 +369,34 @@ def cmd_sweep(args: argparse.Namespace) -> int:
 
 
 def cmd_analyze(args: argparse.Namespace) -> int:
+    import math
+
     from scalelong.plots import load_metrics, write_plots
     from scalelong.runs import RunDir, writer_of
 
-    run = RunDir(args.run_dir)
-    records = load_metrics(run)
+    given = Path(args.run_dir)  # a run folder (of `scalelong train` or a RunLog), or its metrics.jsonl
+    run = RunDir(given.parent if given.is_file() else given)
+    warnings: list[str] = []
+    records = load_metrics(given, warnings.append)
+    log = given if given.is_file() else run.metrics_file
+    if not records:
+        empty = not log.read_text(errors="replace").strip()
+        why = "is empty" if empty else "holds no record (a JSON object with an integer step)"
+        raise ScaleLongError(f"nothing to plot: {log} {why}")
+    if not any(k != "step" and math.isfinite(v) for r in records for k, v in r.items()):
+        raise ScaleLongError(f"nothing to plot: the {len(records)} record(s) of {log} hold no finite number")
+    for line in warnings:
+        print(line)
     out = Path(args.out) if args.out else run.report_dir
     writer = writer_of(out)
     if writer is not None:  # a run in training: its folder is the trainer's
         raise ScaleLongError(f"{out} lies in {writer}, which another process writes; pass --out FOLDER")
-    paths = write_plots({run.name: records}, out)
+    paths = write_plots({Path(os.path.abspath(run)).name or "run": records}, out)
+    if not paths:
+        raise ScaleLongError(
+            f"nothing to plot: the {len(records)} record(s) of {log} hold no loss, feature_norm, "
+            "block_grad_norm, fd, noise-level errors or changing skip coefficients"
+        )
     for path in paths:
         print(path)
     return 0
@@ -394,9 +451,15 @@ def _add_study_commands(sub) -> None:
     p.set_defaults(func=cmd_sweep)
 
     p = sub.add_parser(
-        "analyze", help="plots of one run", description="Draw the comparison plots for one existing run."
+        "analyze",
+        help="plots of one run",
+        description="Draw the plots of one run (loss, norm of hidden features, gradient oscillation, skip "
+        "coefficients, ...) from its metrics.jsonl: a folder `scalelong train` wrote, or one your own loop "
+        "wrote with scalelong.RunLog (no config or checkpoint needed).",
     )
-    p.add_argument("run_dir", help="a run directory holding metrics.jsonl")
+    p.add_argument(
+        "run_dir", help="a folder holding metrics.jsonl (of `scalelong train` or a RunLog), or that file"
+    )
     p.add_argument("--out", default=None, help="plot folder (default: RUN_DIR/report)")
     p.set_defaults(func=cmd_analyze)
 

@@ -30,10 +30,12 @@ from pathlib import Path
 import scipy.stats
 import torch
 
+from scalelong.build import check_models
 from scalelong.config import Config, config_to_dict, read_yaml
 from scalelong.errors import ScaleLongError
+from scalelong.fd_mnist import CONFIDENT, real_digit_score
 from scalelong.launch import pool_map
-from scalelong.plots import Records, as_float, load_metrics, series, write_plots
+from scalelong.plots import Records, as_float, load_metrics, plot_digit_score, series, write_plots
 from scalelong.runs import RunDir, config_differences
 from scalelong.skips import METHODS
 from scalelong.train import TrainingInterrupted, TrainingStopped, train
@@ -69,6 +71,10 @@ def average_records(runs: Sequence[Records]) -> list[dict]:
     return [
         {"step": s, **{k: statistics.fmean(v) for k, v in kv.items()}} for s, kv in sorted(by_step.items())
     ]
+
+
+DIGIT_KEYS = ("digits/confident", "digits/entropy")  # the digit score an fd-mnist evaluation logs
+DIGIT_HEADER = "confident digits"  # the first digit-score column of the study tables
 
 
 def _last(records: Records, key: str) -> float:
@@ -325,6 +331,7 @@ def run_all(
     check_run_dirs(cfgs)
     outcomes = {i: RunOutcome(c.name, "reused") for i, c in enumerate(cfgs) if reusable(RunDir(c.run_dir), c)}
     todo = [i for i in range(len(cfgs)) if i not in outcomes]
+    check_models(cfgs[i] for i in todo)  # here, once per model config, so no worker needs to
     if outcomes:
         print(f"{len(outcomes)} of {len(cfgs)} runs are finished already and reused")
     args = [(cfgs[i], progress and jobs == 1, train_kwargs) for i in todo]
@@ -351,16 +358,18 @@ class StudyRun:
     summary: dict
     breaks: list[Divergence]
     error: str = ""  # why it could not run (its records are then left out)
+    path: Path | None = None  # its run directory
 
 
 def read_run(run_dir: str | Path, rule: DivergenceRule = DEFAULT_RULE, error: str = "") -> StudyRun:
     """The run of ``run_dir`` as a study sees it; ``error``: it failed, so only its name counts."""
     run = RunDir(run_dir)
     if error or not run.metrics_file.is_file():
-        return StudyRun(run.name, [], {}, [], error or "no metrics")
+        return StudyRun(run.name, [], {}, [], error or "no metrics", run.path)
     records, summary = load_metrics(run), run.summary or {}
     warmup = run.config().optim.warmup_steps
-    return StudyRun(run.name, records, summary, divergence(records, summary.get("stopped"), warmup, rule))
+    breaks = divergence(records, summary.get("stopped"), warmup, rule)
+    return StudyRun(run.name, records, summary, breaks, path=run.path)
 
 
 def broken_runs(runs: Iterable[StudyRun]) -> list[str]:
@@ -387,6 +396,8 @@ class MethodSummary:
     steps_to_target: list[int | None]
     speedup: list[float | None]
     breaks: list[list[Divergence]] = field(default_factory=list)  # per seed; empty: healthy
+    confident: list[float] = field(default_factory=list)  # digit score of the last evaluation, per seed
+    entropy: list[float] = field(default_factory=list)  # its class balance, per seed
 
 
 def _targets(records_by_method: Mapping[str, Records], baseline: str, key: str) -> TargetResult:
@@ -418,18 +429,63 @@ def summarise(
             steps_to_target=[t.steps[method] for t in targets],
             speedup=[t.speedup[method] for t in targets],
             breaks=[list(b) for b in (breaks or {}).get(method, [[] for _ in per_seed])],
+            confident=[_last(r, DIGIT_KEYS[0]) for r in per_seed],
+            entropy=[_last(r, DIGIT_KEYS[1]) for r in per_seed],
         )
         for method, per_seed in runs.items()
     ]
 
 
-def summary_table(summaries: Sequence[MethodSummary], baseline: str) -> str:
-    """Markdown table of the comparison (mean ± 95% interval over seeds)."""
+def has_digits(*columns: Sequence[float]) -> bool:
+    """Whether any value of the digit-score columns is finite (the runs were evaluated with fd-mnist)."""
+    return any(math.isfinite(v) for column in columns for v in column)
+
+
+def digit_headers(real: Mapping | None = None) -> list[str]:
+    """The headers of the two digit-score columns, with the real digits' values as the yardstick."""
+    real = real_digit_score() if real is None else real
+    return [f"{DIGIT_HEADER} (real {real['confident']:.2f})", f"class balance (real {real['entropy']:.2f})"]
+
+
+def digit_legend(real: Mapping | None = None, markdown: bool = True) -> str:
+    """One paragraph that says how to read the digit-score columns (``markdown`` False: plain text)."""
+    real = real_digit_score() if real is None else real
+    text = (
+        f"**Digit score** of the samples of the last evaluation (beside FD, which mixes shape, stroke "
+        f"width and class balance in one number): *confident digits* is the share of samples the "
+        f"FD-MNIST classifier assigns to one class with p >= {CONFIDENT:g}; *class balance* is the "
+        "entropy of the classes it assigns over log(10): 1 when every digit is equally frequent, 0 when "
+        f"all samples are one digit. Held-out real digits score {real['confident']:.2f} and "
+        f"{real['entropy']:.2f}; a few hundred samples of a perfect model read about 0.99 on balance."
+    )
+    return text if markdown else text.replace("*", "")
+
+
+def summary_table(
+    summaries: Sequence[MethodSummary], baseline: str, real_digits: Mapping | None = None
+) -> str:
+    """Markdown table of the comparison (mean ± 95% interval over seeds). The digit-score columns
+    appear when the runs logged them (eval.metric fd-mnist); ``real_digits`` is their yardstick
+    (default :func:`scalelong.fd_mnist.real_digit_score`)."""
     n = len(summaries[0].final_fd)
+    digits = has_digits(*(s.confident for s in summaries), *(s.entropy for s in summaries))
+    extra = digit_headers(real_digits) if digits else []
     lines = [
-        f"| method | final FD | final FD vs {baseline} (paired) | final loss | feature-norm osc. std "
-        f"| loss spikes | steps to {baseline}'s final FD | speed-up vs {baseline} | diverged |",
-        "|---|---|---|---|---|---|---|---|---|",
+        " | ".join(
+            [
+                "| method",
+                "final FD",
+                f"final FD vs {baseline} (paired)",
+                *extra,
+                "final loss",
+                "feature-norm osc. std",
+                "loss spikes",
+                f"steps to {baseline}'s final FD",
+                f"speed-up vs {baseline}",
+                "diverged |",
+            ]
+        ),
+        "|---" * (9 + len(extra)) + "|",
     ]
     for s in summaries:
         reached = [x for x in s.steps_to_target if x is not None]
@@ -439,9 +495,11 @@ def summary_table(summaries: Sequence[MethodSummary], baseline: str) -> str:
             else f"not reached (0/{n})"
         )
         speed = [x for x in s.speedup if x is not None]
+        cells = [fmt_ci(s.confident, 2), fmt_ci(s.entropy, 2)] if digits else []
         lines.append(
             f"| {s.method} | {fmt_ci(s.final_fd)} | {fmt_ci([100 * x for x in s.fd_change], unit='%')} "
-            f"| {fmt_ci(s.final_loss)} | {fmt_ci(s.feature_osc_std)} "
+            + "".join(f"| {c} " for c in cells)
+            + f"| {fmt_ci(s.final_loss)} | {fmt_ci(s.feature_osc_std)} "
             f"| {fmt_ci(s.spikes)} | {steps} | {fmt_ci(speed, unit='x') if speed else 'n/a'} "
             f"| {criteria(s.breaks or [[]] * n)} |"
         )
@@ -474,6 +532,7 @@ class StudyResult:
     report: Path
     table: str
     outcomes: list[RunOutcome]
+    legend: str = ""  # how to read columns the table's headers cannot explain (the digit score)
 
     @property
     def failed(self) -> list[RunOutcome]:
@@ -499,16 +558,17 @@ def run_comparison(
         error = outcome.message if outcome.status == "failed" else ""
         studies[cfg.model.skip.method].append(read_run(cfg.run_dir, error=error))
     report, table = write_report(studies, methods[0], report_dir, base)
-    return StudyResult(report, table, outcomes)
+    return StudyResult(report, table, outcomes, digit_legend(markdown=False) if DIGIT_HEADER in table else "")
 
 
 # ----------------------------------------------------------------------------- reports
 
 
-def _embed(path: Path) -> str:
+def _embed(path: Path, caption: str = "") -> str:
     data = base64.b64encode(path.read_bytes()).decode()
-    img = f'<img src="data:image/png;base64,{data}" alt="{html.escape(path.stem)}">'
-    return f"<figure>{img}<figcaption>{html.escape(path.stem)}</figcaption></figure>"
+    caption = html.escape(caption or path.stem)
+    img = f'<img src="data:image/png;base64,{data}" alt="{caption}">'
+    return f"<figure>{img}<figcaption>{caption}</figcaption></figure>"
 
 
 def _inline(text: str) -> str:
@@ -522,9 +582,23 @@ def _cells(line: str) -> list[str]:
     return [c.strip() for c in line.strip().strip("|").split("|")]
 
 
+_IMAGE = re.compile(r"!\[([^\]]*)\]\(([^)]+)\)")
+_IMAGE_LINE = re.compile(r"^(?:!\[[^\]]*\]\([^)]+\)\s*)+$")
+
+# Fits two 2x sample grids (548 px) side by side; tables wider than the page scroll in their box.
+STYLE = (
+    "body{font-family:sans-serif;max-width:1160px;margin:auto;padding:0 8px;line-height:1.4}"
+    "td,th{border:1px solid #ccc;padding:4px 8px}table{border-collapse:collapse}"
+    ".table{overflow-x:auto}img{max-width:100%}figure{margin:12px 0}"
+    "figcaption{font-size:90%;color:#444}.gallery{display:flex;flex-wrap:wrap;gap:8px 12px}"
+    ".gallery figure{margin:0}"
+)
+
+
 def markdown_html(md: str, folder: Path, title: str) -> str:
     """A self-contained HTML page of a report's markdown: headings, paragraphs, lists, tables,
-    and its images (``![x](file.png)`` in ``folder``) embedded."""
+    and its images (``![caption](file.png)`` in ``folder``) embedded, with the alt text as caption.
+    A line of several images is a gallery: side by side, wrapping at the page width."""
     out, para, items, rows = [], [], [], []
 
     def flush() -> None:
@@ -537,12 +611,12 @@ def markdown_html(md: str, folder: Path, title: str) -> str:
             body = "".join(
                 "<tr>" + "".join(f"<td>{_inline(c)}</td>" for c in _cells(r)) + "</tr>" for r in rows[2:]
             )
-            out.append(f"<table><tr>{head}</tr>{body}</table>")
+            out.append(f"<div class='table'><table><tr>{head}</tr>{body}</table></div>")
         para.clear(), items.clear(), rows.clear()
 
     for line in md.splitlines():
         heading = re.match(r"^(#{1,4}) (.*)", line)
-        image = re.match(r"^!\[[^\]]*\]\(([^)]+)\)$", line.strip())
+        image = _IMAGE_LINE.match(line.strip())
         kind = "row" if line.startswith("|") else "item" if line.startswith("- ") else "text"
         if heading or image or not line.strip() or (kind != "row" and rows) or (kind != "item" and items):
             flush()
@@ -550,7 +624,8 @@ def markdown_html(md: str, folder: Path, title: str) -> str:
             n = len(heading.group(1))
             out.append(f"<h{n}>{_inline(heading.group(2))}</h{n}>")
         elif image:
-            out.append(_embed(folder / image.group(1)))
+            figures = [_embed(folder / name, alt) for alt, name in _IMAGE.findall(line)]
+            out.append(figures[0] if len(figures) == 1 else f"<div class='gallery'>{''.join(figures)}</div>")
         elif kind == "row":
             rows.append(line)
         elif kind == "item":
@@ -558,12 +633,8 @@ def markdown_html(md: str, folder: Path, title: str) -> str:
         elif line.strip():
             para.append(line.strip())
     flush()
-    style = (
-        "body{font-family:sans-serif;max-width:1100px;margin:auto}td,th{border:1px solid #ccc;"
-        "padding:4px 8px}table{border-collapse:collapse}img{max-width:100%}"
-    )
     return (
-        f"<!doctype html><meta charset='utf-8'><title>{html.escape(title)}</title><style>{style}</style>"
+        f"<!doctype html><meta charset='utf-8'><title>{html.escape(title)}</title><style>{STYLE}</style>"
         + "\n".join(out)
     )
 
@@ -582,16 +653,97 @@ def seeds_note(seeds: int) -> str:
     )
 
 
+def final_sample_grid(run_dir: str | Path) -> tuple[int, Path] | None:
+    """The step and path of a run's last sample grid (``samples/step-XXXXXX.png``), None if it has none."""
+    grids = []
+    for path in (Path(run_dir) / "samples").glob("step-*.png"):
+        step = path.stem.removeprefix("step-")
+        if step.isdigit():
+            grids.append((int(step), path))
+    return max(grids, default=None)
+
+
+def upscale(src: Path, dst: Path, min_width: int = 512, max_factor: int = 8) -> int:
+    """Copy a PNG to ``dst`` enlarged by the smallest whole factor that makes it ``min_width`` wide,
+    with nearest-neighbour pixels (a 32-pixel digit stays sharp); returns the factor."""
+    from PIL import Image
+
+    with Image.open(src) as image:
+        factor = max(1, min(max_factor, math.ceil(min_width / image.width)))
+        image.resize((image.width * factor, image.height * factor), Image.Resampling.NEAREST).save(dst)
+    return factor
+
+
+def sample_grid_section(
+    studies: Mapping[str, Sequence[StudyRun]], report_dir: Path, base: Config
+) -> list[str]:
+    """The report's sample grids: each method's last grid of its first seed, side by side, enlarged."""
+    shown, missing, factor = [], [], 1
+    for method, runs in studies.items():
+        found = final_sample_grid(runs[0].path) if runs and runs[0].path else None
+        if found is None:
+            missing.append(method)
+            continue
+        step, src = found
+        dst = report_dir / f"samples_{re.sub(r'[^A-Za-z0-9_.-]', '_', method)}.png"
+        factor = upscale(src, dst)
+        shown.append(f"![{method}, step {step}]({dst.name})")
+    if not shown:
+        return ["## Samples", "The runs wrote no sample grids (sample.num_images is 0, or none finished)."]
+    seeds = len(next(iter(studies.values())))
+    which = f" of the seed-{base.train.seed} run ({seeds} seeds were trained)" if seeds > 1 else ""
+    caption = (
+        f"The last EMA sample grid of each method{which}, enlarged {factor}x with whole pixels. The same "
+        "position starts from the same noise in every method, so the grids compare image by image."
+    )
+    if missing:
+        caption += f" No grid: {', '.join(missing)}."
+    return ["## Samples", caption, " ".join(shown)]
+
+
+FIGURE_CAPTIONS = {
+    "feature_norm": "**Fig. 1**: norm of the hidden features (mean over blocks) against step, mean over "
+    "seeds. A norm that keeps growing, by decades on a log axis, is the instability long-skip scaling "
+    "is meant to remove.",
+    "noise_levels": "Denoising error per noise level at each method's last measurement, on held-out "
+    "images: x0 error (left; above the dashed error of the mean image a level is not learnt) and "
+    "epsilon error (right).",
+}
+
+
+PLOT_CAPTIONS = {  # one line under each of the other plots
+    "loss": "training loss",
+    "fd": "Frechet distance ({metric}) of EMA samples at each evaluation",
+    "digits": "digit score at each evaluation: confident digits (left), class balance (right); "
+    "held-out real digits dashed",
+    "grad_oscillation": "gradient norm of the blocks (left) and its sliding-window std (right)",
+}
+
+
+def plot_caption(stem: str, base: Config) -> str:
+    """The one-line caption of a report plot (its file's stem) for a study of ``base``."""
+    return PLOT_CAPTIONS.get(stem, stem).format(metric=base.eval.metric)
+
+
 def write_report(
     studies: Mapping[str, Sequence[StudyRun]], baseline: str, report_dir: Path, base: Config
 ) -> tuple[Path, str]:
-    """report.md, PNG plots (means over seeds) and a self-contained report.html in ``report_dir``;
-    returns the path of report.md and the summary table (markdown)."""
+    """report.md, PNG plots (means over seeds), the sample grids and a self-contained report.html in
+    ``report_dir``; returns the path of report.md and the summary table (markdown).
+
+    The report reads top down: the summary table, the final samples of every method side by side,
+    Fig. 1 (hidden-feature norm), the error per noise level, then the runs that broke, the training
+    curves and the learned skip coefficients.
+    """
     report_dir.mkdir(parents=True, exist_ok=True)
     runs = {m: [r.records for r in rs] for m, rs in studies.items()}
     summaries = summarise(runs, baseline, breaks={m: [r.breaks for r in rs] for m, rs in studies.items()})
     table = summary_table(summaries, baseline)
-    plots = write_plots({m: average_records([r for r in rr if r]) for m, rr in runs.items()}, report_dir)
+    averaged = {m: average_records([r for r in rr if r]) for m, rr in runs.items()}
+    plots = write_plots(averaged, report_dir)
+    if has_digits(*(s.confident for s in summaries)):
+        plots.append(plot_digit_score(averaged, report_dir / "digits.png", real_digit_score()))
+    by_name = {p.stem: p for p in plots}
     seeds = len(next(iter(runs.values())))
     depth = getattr(base.model, base.model.type, None)
     header = (
@@ -605,9 +757,33 @@ def write_report(
     if seeds < 5:
         parts.append(seeds_note(seeds))
     parts.append(table)
+    if DIGIT_HEADER in table:
+        parts.append(digit_legend())
+    parts += sample_grid_section(studies, report_dir, base)
+    for name, heading in (("feature_norm", "Fig. 1: hidden-feature norm"), ("noise_levels", "Noise levels")):
+        if name in by_name:
+            parts += [f"## {heading}", FIGURE_CAPTIONS[name], f"![{heading}]({by_name.pop(name).name})"]
     broken = broken_runs(r for rs in studies.values() for r in rs)
     if broken:
         parts += ["## Runs that diverged or failed", DEFAULT_RULE.describe(), "\n".join(broken)]
-    parts.append("\n".join(f"![{p.stem}]({p.name})" for p in plots))
+    order = ("fd", "digits", "loss", "grad_oscillation")  # the samples' scores first
+    curves = sorted(
+        (p for p in by_name.values() if not p.stem.startswith("coefficients_")),
+        key=lambda p: order.index(p.stem) if p.stem in order else len(order),
+    )
+    if curves:
+        parts += [
+            "## Training curves",
+            "Means over seeds.",
+            "\n".join(f"![{plot_caption(p.stem, base)}]({p.name})" for p in curves),
+        ]
+    learned = [p for p in by_name.values() if p.stem.startswith("coefficients_")]
+    if learned:
+        parts += [
+            "## Learned skip coefficients",
+            "One panel per skip (skip 1 is the outermost, merged last, next to the output): the "
+            "coefficient's mean over the batch, its min..max as a band, averaged over seeds.",
+            "\n".join(f"![{p.stem.removeprefix('coefficients_')}]({p.name})" for p in learned),
+        ]
     md = "\n\n".join(parts) + "\n"
     return write_markdown_report(md, report_dir, "ScaleLong comparison"), table

@@ -20,6 +20,7 @@ import yaml
 
 from scalelong.errors import ScaleLongError
 from scalelong.models.unet import layout_problem as unet_layout_problem
+from scalelong.presets import resolve_config
 from scalelong.skips import DEFAULT_KAPPA, check_method
 
 
@@ -343,8 +344,12 @@ def config_from_dict(data: dict) -> Config:
 
 
 def load_config(path: str | Path | None = None, overrides: list[str] | None = None) -> Config:
-    """Read a YAML config, apply dotted overrides, check types and values."""
-    data = read_yaml(path) if path is not None else {}
+    """Read a YAML config, apply dotted overrides, check types and values.
+
+    ``path`` is a YAML file or the name of a shipped preset (``load_config("demo")``; see
+    :mod:`scalelong.presets`): an existing file wins. ``None`` starts from the defaults.
+    """
+    data = read_yaml(resolve_config(path)) if path is not None else {}
     return config_from_dict(_merge(data, parse_overrides(overrides or [])))
 
 

@@ -157,8 +157,13 @@ CELEBA_BOX = (25, 57, 153, 185)  # (left, top, right, bottom): 128x128 around ce
 
 
 def from_uint8(pixels: np.ndarray) -> torch.Tensor:
-    """uint8 pixels -> float32 in [-1, 1], same shape."""
-    return torch.from_numpy(np.ascontiguousarray(pixels)).float().div(127.5).sub(1.0)
+    """uint8 pixels -> float32 in [-1, 1], same shape, in a new C-contiguous tensor of its own.
+
+    ``pixels`` is often a read-only view (a row of a memory-mapped batch, a decoded PIL image,
+    possibly transposed): the conversion to float is the one copy, made in NumPy, so no tensor
+    ever wraps that buffer and the result is scaled in place.
+    """
+    return torch.from_numpy(np.array(pixels, dtype=np.float32, order="C")).div_(127.5).sub_(1.0)
 
 
 def to_uint8(images: torch.Tensor) -> torch.Tensor:
@@ -175,7 +180,7 @@ class UInt8Images(Dataset):
 
     def __init__(self, arrays: list[np.ndarray], labels: np.ndarray, shape: tuple[int, int, int]):
         self.arrays, self.shape = arrays, shape
-        self.labels = torch.from_numpy(np.asarray(labels, dtype=np.int64))
+        self.labels = torch.from_numpy(np.array(labels, dtype=np.int64))  # a copy: the dataset's own
         self.offsets = np.cumsum([0] + [len(a) for a in arrays])
         self.description = ""
 

@@ -1,18 +1,55 @@
-"""Stability diagnostics: what the ScaleLong paper measures, on any model with a :class:`SkipScaling`.
+"""Stability diagnostics: what the ScaleLong paper measures, from ``scalelong train`` or your own loop.
 
 :class:`Diagnostics` listens to every long skip (through ``SkipScaling.probe``) and to the
 hidden feature of every block (forward hooks), reads the blocks' parameter gradients after
-backward, and keeps sliding-window oscillation statistics and a loss-spike counter. Hooks are
-armed only on logged steps, so every other step runs no diagnostic code at all.
+backward, and keeps sliding-window oscillation statistics and a loss-spike counter. It works on
+every backbone with a :class:`~scalelong.skips.SkipScaling`: the package's ``UViT`` and ``UNet``,
+a diffusers UNet after ``apply_scalelong`` (raw or inside ``DiffusersUNet2D``), and without one
+it still records the blocks. Hooks are armed only on logged steps, so every other step runs no
+diagnostic code at all.
 
-Per logged step the trainer does::
+:class:`RunLog` writes the records into a folder's ``metrics.jsonl`` exactly as ``scalelong train``
+does, so ``scalelong analyze FOLDER`` draws the same plots (loss, norm of hidden features,
+gradient oscillation, skip coefficients) from your own run. :func:`robustness` measures the
+local Lipschitz ratio the paper bounds, under this package's schedules or a diffusers scheduler.
 
-    logging = diag.active_for(step)          # arms the hooks when step is a logged step
-    loss = training_loss(...).mean()
-    loss.backward()
-    if logging:
-        record.update(diag.collect(step, loss.item()))   # reads grads, disarms the hooks
-    optimizer.step(); optimizer.zero_grad()
+Your own loop, with a diffusers UNet (the same with ``UViT`` / ``UNet``)::
+
+    import torch
+    import torch.nn.functional as F
+    from diffusers import DDPMScheduler, UNet2DModel
+
+    from scalelong import Diagnostics, RunLog, apply_scalelong, robustness
+
+    unet = UNet2DModel(
+        sample_size=16, in_channels=1, out_channels=1, block_out_channels=(16, 32), layers_per_block=1,
+        down_block_types=("DownBlock2D", "AttnDownBlock2D"), up_block_types=("AttnUpBlock2D", "UpBlock2D"),
+        norm_num_groups=8, attention_head_dim=8,
+    )
+    apply_scalelong(unet, method="ls")  # first: LS adds parameters the optimizer must see
+    scheduler = DDPMScheduler(num_train_timesteps=1000)
+    opt = torch.optim.AdamW(unet.parameters(), lr=1e-3)
+    diag = Diagnostics(unet, every=2).attach()
+    with RunLog("runs/my-unet") as log:
+        for step in range(1, 11):
+            x0 = torch.randn(8, 1, 16, 16)  # your batch
+            noise, t = torch.randn_like(x0), torch.randint(0, 1000, (8,))
+            logging = diag.active_for(step)  # True on logged steps: arms the hooks for this forward
+            loss = F.mse_loss(unet(scheduler.add_noise(x0, noise, t), t).sample, noise)
+            loss.backward()
+            record = diag.collect(step, loss.item()) if logging else {}  # after backward, before step
+            log.write(step, record, loss=loss.item(), lr=opt.param_groups[0]["lr"])
+            opt.step()
+            opt.zero_grad()
+    print(robustness(unet, scheduler, torch.randn(4, 1, 16, 16), ts=[10, 500, 990]))
+
+and then ``scalelong analyze runs/my-unet`` writes ``runs/my-unet/report/*.png``. Under DDP
+create the ``RunLog`` on the main process only (every process calls ``active_for`` and
+``collect``: their gradients are the all-reduced ones).
+
+Per logged step the protocol is: ``active_for(step)`` before the forward, ``collect(step, loss)``
+after backward and before ``optimizer.step()`` / ``zero_grad()`` (it reads the gradients, returns
+the record and disarms the hooks). Create :class:`Diagnostics` after ``apply_scalelong``.
 
 Metric names (flat, ready for metrics.jsonl and TensorBoard; skip 1 is the outermost):
 
@@ -21,14 +58,17 @@ Metric names (flat, ready for metrics.jsonl and TensorBoard; skip 1 is the outer
   batch and tokens; for constant methods all three equal the constant).
 * ``block/<name>/feature_norm``: mean per-sample L2 norm of the block's output (the paper's
   "norm of feature", Fig. 1); ``block/<name>/grad_norm``: L2 norm of its parameter gradient.
+  Block names are those of :func:`find_blocks` (a diffusers UNet: ``down_blocks.0``, ...,
+  ``mid_block``, ``up_blocks.0``, ...).
 * ``feature_norm`` (mean over blocks), ``block_grad_norm`` (L2 over all blocks), and for these
   and ``loss``: ``osc/<series>_std``, ``osc/<series>_range``, ``osc/<series>_peak_ratio``
   (largest / median) over the last ``window`` logged values.
 * ``spikes``: loss spikes so far (loss above ``spike_factor`` x the window's median, or not
   finite); ``nonfinite_values``: non-finite values in this record; ``nonfinite_values_total``: so far.
 
+The loss itself is not in the record: log it as ``loss`` (:meth:`RunLog.write` does).
 Norms are per sample and averaged over the batch, so they do not depend on the batch size. If
-an armed step runs several forwards (``train.grad_accum`` micro-batches), the statistics cover
+an armed step runs several forwards (gradient-accumulation micro-batches), the statistics cover
 them all (norms and mean coefficients averaged over every sample, min and max over all), so
 they equal those of one forward of the whole batch, and the gradient norms are those of the
 accumulated gradient.
@@ -37,10 +77,11 @@ Non-finite values are recorded as they are and counted, never dropped.
 
 from __future__ import annotations
 
+import contextlib
 import math
 import statistics
 from collections import deque
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 
 import torch
@@ -48,8 +89,9 @@ from torch import nn
 
 from scalelong.diffusion import add_noise
 from scalelong.errors import ScaleLongError
-from scalelong.runs import load_model
+from scalelong.runs import RunDir, load_model
 from scalelong.skips import SkipScaling, find_skip_scaling
+from scalelong.tracking import Tracker
 
 OSC_SERIES = ("feature_norm", "block_grad_norm", "loss")
 SKIP_KEYS = ("norm_in", "norm_out", "coef_mean", "coef_min", "coef_max")
@@ -70,13 +112,18 @@ def find_blocks(model: nn.Module) -> dict[str, nn.Module]:
     """Named blocks whose hidden features the diagnostics record, in forward order.
 
     A backbone may define ``diagnostic_blocks() -> dict[str, nn.Module]`` (or an iterable of
-    ``(name, module)``). Otherwise every element of a top-level ``nn.ModuleList`` is a block
-    (``in_blocks.0``, ...), and so is a top-level child whose name ends in ``block``
-    (``mid_block``), in registration order.
+    ``(name, module)``); an adapter that installed ScaleLong on a third-party model declares
+    them with :meth:`SkipScaling.watch_blocks`. Otherwise every element of a top-level
+    ``nn.ModuleList`` is a block (``in_blocks.0``, ...), and so is a top-level child whose name
+    ends in ``block`` (``mid_block``), in registration order, except that in diffusers' layout
+    (``down_blocks``, ``mid_block``, ``up_blocks``) the middle block comes before the up blocks.
     """
     model = unwrap(model)
     if hasattr(model, "diagnostic_blocks"):
         return dict(model.diagnostic_blocks())
+    scaling = find_skip_scaling(model)
+    if scaling is not None and scaling.watched_blocks:
+        return dict(scaling.watched_blocks)
     blocks: dict[str, nn.Module] = {}
     for name, child in model.named_children():
         if isinstance(child, SkipScaling):
@@ -85,6 +132,11 @@ def find_blocks(model: nn.Module) -> dict[str, nn.Module]:
             blocks.update((f"{name}.{i}", m) for i, m in enumerate(child))
         elif name.endswith("block"):
             blocks[name] = child
+    if "mid_block" in blocks and isinstance(getattr(model, "up_blocks", None), nn.ModuleList):
+        # diffusers registers up_blocks before mid_block, but runs the middle first
+        mid = {"mid_block": blocks.pop("mid_block")}
+        up = {k: v for k, v in blocks.items() if k.startswith("up_blocks.")}
+        blocks = {k: v for k, v in blocks.items() if k not in up} | mid | up
     return blocks
 
 
@@ -126,11 +178,34 @@ class Diagnostics:
 
     Args:
         model: the backbone (wrappers are looked through); its ``SkipScaling`` and blocks
-            (see :func:`find_blocks`) are found automatically.
+            (see :func:`find_blocks`) are found automatically. Create this after
+            ``apply_scalelong``, which installs the ``SkipScaling`` on a diffusers UNet.
         every: log on steps that are multiples of ``every``; 0 switches diagnostics off.
         window: number of logged values the oscillation statistics look back over.
         spike_factor: a loss above this multiple of the window's median counts as a spike.
         blocks: explicit ``{name: module}`` to use instead of :func:`find_blocks`.
+
+    ``attach()`` (or ``with``) enables it; then, each step, ``active_for(step)`` before the forward
+    and, when it returned True, ``collect(step, loss)`` after backward, before the optimizer step.
+    With the package's U-ViT and a plain loop::
+
+        import torch
+
+        from scalelong import Diagnostics, RunLog, UViT
+        from scalelong.diffusion import VPSDE, training_loss
+
+        model = UViT(img_size=8, patch_size=2, in_channels=1, embed_dim=32, depth=4, num_heads=2,
+                     skip_method="cs")
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+        with Diagnostics(model, every=5) as diag, RunLog("runs/my-uvit") as log:
+            for step in range(1, 21):
+                logging = diag.active_for(step)
+                loss = training_loss(model, VPSDE(), torch.randn(16, 1, 8, 8)).mean()
+                loss.backward()
+                if logging:
+                    log.write(step, diag.collect(step, loss.item()), loss=loss.item())
+                opt.step()
+                opt.zero_grad()
     """
 
     def __init__(
@@ -148,6 +223,12 @@ class Diagnostics:
             )
         self.model, self.every, self.window, self.spike_factor = model, every, window, spike_factor
         self.blocks = dict(blocks) if blocks is not None else find_blocks(model)
+        if not self.blocks and blocks is None and every > 0:
+            # Without blocks the paper's feature norm would be NaN on every step, silently.
+            raise ScaleLongError(
+                f"found no blocks in {type(unwrap(model)).__name__} to record the feature norm of; pass "
+                "Diagnostics(model, blocks={name: module}) or give the model a diagnostic_blocks() method"
+            )
         self.scaling = find_skip_scaling(model)
         self.history: dict[str, deque[float]] = {k: deque(maxlen=window) for k in OSC_SERIES}
         self.spikes = 0
@@ -316,6 +397,50 @@ class Diagnostics:
 # ---------------------------------------------------------------------- robustness
 
 
+def model_output(out: object) -> torch.Tensor:
+    """The prediction in what a model returned: a tensor, the first element of a tuple or list, or
+    the ``.sample`` of a diffusers output object."""
+    if isinstance(out, torch.Tensor):
+        return out
+    if isinstance(out, (tuple, list)) and out and isinstance(out[0], torch.Tensor):
+        return out[0]
+    sample = getattr(out, "sample", None)
+    if isinstance(sample, torch.Tensor):
+        return sample
+    raise ScaleLongError(
+        f"the model returned a {type(out).__name__}; expected a tensor, a tuple whose first element is "
+        "one, or an output object with .sample"
+    )
+
+
+def noised(
+    schedule: object, x0: torch.Tensor, t: float, noise: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(x_t, the time the network is fed) for one noise level ``t`` of the whole batch.
+
+    ``schedule``: a schedule of :mod:`scalelong.diffusion` (``t`` its time: in [0, 1] for the
+    VP-SDE, a step for the discrete chain), or a diffusers noise scheduler with ``alphas_cumprod``
+    (``DDPMScheduler``, ``DDIMScheduler``, ...; ``t`` an integer timestep, fed as a long tensor).
+    """
+    n = x0.shape[0]
+    if hasattr(schedule, "alpha_sigma") and hasattr(schedule, "model_time"):
+        times = torch.full((n,), float(t))
+        return add_noise(schedule, x0, times, noise), schedule.model_time(times).to(x0.device)
+    acp = getattr(schedule, "alphas_cumprod", None)
+    if not isinstance(acp, torch.Tensor):
+        raise ScaleLongError(
+            f"robustness needs a scalelong.diffusion schedule or a diffusers scheduler with alphas_cumprod "
+            f"(DDPMScheduler, DDIMScheduler, ...); got {type(schedule).__name__}"
+        )
+    if isinstance(t, bool) or float(t) != int(t) or not 0 <= int(t) < len(acp):
+        raise ScaleLongError(
+            f"timestep {t!r}: with a diffusers scheduler ts are integer timesteps in 0..{len(acp) - 1}"
+        )
+    a = acp[int(t)].double()
+    x_t = (a.sqrt() * x0.double() + (1 - a).sqrt() * noise.double()).to(x0.dtype)
+    return x_t, torch.full((n,), int(t), dtype=torch.long, device=x0.device)
+
+
 @torch.no_grad()
 def robustness(
     model: nn.Module | str | Path,
@@ -331,8 +456,14 @@ def robustness(
     For each t in ``ts``: x_t = alpha(t) x0 + sigma(t) eps, delta = ``delta_scale`` * N(0, I), both
     drawn on the CPU from ``generator``; the ratio is computed per sample. Returns one row per t:
     ``{"t", "mean", "max"}`` over the batch. The paper bounds it by sum_i kappa_i M0^i + c0
-    (see :func:`scalelong.theory.lipschitz_sum`). ``model`` may be a checkpoint folder
-    (``checkpoints/step-XXXXXX``): its EMA weights are probed. The model runs in eval mode.
+    (see :func:`scalelong.theory.lipschitz_sum`).
+
+    ``model`` is called as ``model(x_t, time, **cond)`` and may return a tensor, a tuple (its first
+    element) or a diffusers output (its ``.sample``); it may also be a checkpoint folder
+    (``checkpoints/step-XXXXXX``), whose EMA weights are probed. ``schedule`` is one of
+    :mod:`scalelong.diffusion` (``ts`` its times) or a diffusers scheduler (``ts`` integer
+    timesteps), see :func:`noised`; e.g. ``robustness(unet, DDPMScheduler(), x0, [10, 500, 990],
+    encoder_hidden_states=text)``. The model runs in eval mode.
     """
     if not isinstance(model, nn.Module):
         model = load_model(model)
@@ -343,22 +474,124 @@ def robustness(
     rows = []
     try:
         for t_val in ts:
-            t = torch.full((x0.shape[0],), float(t_val))
             noise = torch.randn(x0.shape, generator=generator)
             delta = delta_scale * torch.randn(x0.shape, generator=generator)
-            x_t = add_noise(schedule, x0, t, noise.to(device))
-            tm = schedule.model_time(t).to(device)
-            diff = model(x_t + delta.to(device), tm, **cond).float() - model(x_t, tm, **cond).float()
+            x_t, tm = noised(schedule, x0, t_val, noise.to(device))
+            moved = model_output(model(x_t + delta.to(device), tm, **cond)).float()
+            diff = moved - model_output(model(x_t, tm, **cond)).float()
             ratio = diff.flatten(1).norm(dim=1).cpu() / delta.flatten(1).norm(dim=1)
-            rows.append({"t": float(t_val), "mean": ratio.mean().item(), "max": ratio.max().item()})
+            t_out = float(t_val) if tm.is_floating_point() else int(t_val)
+            rows.append({"t": t_out, "mean": ratio.mean().item(), "max": ratio.max().item()})
     finally:
         model.train(was_training)
     return rows
 
 
+# ---------------------------------------------------------------------- your own run folder
+
+
+def _logged_value(key: str, value: object) -> object:
+    """A value as the metrics log stores it: a number (0-d tensors read out) or a string."""
+    if isinstance(value, torch.Tensor):
+        if value.numel() != 1:
+            raise ScaleLongError(f"metric {key!r} is a tensor of shape {tuple(value.shape)}; log one number")
+        return value.item()
+    if isinstance(value, (bool, int, float, str)):
+        return value
+    raise ScaleLongError(f"metric {key!r} is a {type(value).__name__}; log a number or a string")
+
+
+class RunLog:
+    """A run folder of your own training loop, written as ``scalelong train`` writes its own.
+
+    ``RunLog("runs/my-unet")`` creates the folder if needed and holds its lock (``.lock``) until
+    :meth:`close` or the end of the ``with`` block, so no second writer, and no ``scalelong train``,
+    writes into it meanwhile. :meth:`write` appends one record per call to ``metrics.jsonl``
+    (:class:`~scalelong.runs.MetricsLog`, the trainer's format: ``step`` first, the training loss
+    under ``loss``, the learning rate under ``lr``, non-finite numbers as ``"nan"`` / ``"inf"``), and
+    with ``tensorboard`` to ``tb/`` too. ``scalelong analyze runs/my-unet`` then writes the plots,
+    no ``config.yaml`` or checkpoint needed.
+
+    Args:
+        path: the run folder.
+        start_step: the step a resumed loop continues after: records beyond it, left by an earlier
+            attempt, are dropped (with a warning) so the log reads as one run; 0 starts afresh.
+        tensorboard: also write TensorBoard events into ``<path>/tb`` (needs tensorboard).
+
+    See the module docstring for a complete loop. Create it on the main process only.
+    """
+
+    def __init__(self, path: str | Path, start_step: int = 0, tensorboard: bool = False):
+        if isinstance(start_step, bool) or not isinstance(start_step, int) or start_step < 0:
+            raise ScaleLongError(f"start_step must be an integer >= 0, got {start_step!r}")
+        self.run = RunDir(path)
+        if self.run.config_file.is_file():
+            raise ScaleLongError(
+                f"{self.run} holds a run of `scalelong train` (config.yaml); log your loop in another folder"
+            )
+        self._held = contextlib.ExitStack()
+        self._held.enter_context(self.run.writing())  # the folder, the lock; released on close()
+        try:
+            stale = [r for r in self.run.metrics() if not r.get("step", 0) <= start_step]
+            if stale:
+                print(
+                    f"warning: {self.run.metrics_file} held {len(stale)} record(s) after step {start_step} "
+                    "from an earlier run; dropping them"
+                )
+            self.tracker = Tracker(self.run, {}, start_step, tensorboard=tensorboard)
+        except BaseException:
+            self._held.close()
+            raise
+
+    @property
+    def path(self) -> Path:
+        return self.run.path
+
+    def write(
+        self,
+        step: int,
+        metrics: Mapping[str, object] | None = None,
+        *,
+        loss: float | torch.Tensor | None = None,
+        lr: float | None = None,
+    ) -> dict:
+        """Append the record of ``step``: ``loss``, ``lr`` and ``metrics`` (e.g. what
+        :meth:`Diagnostics.collect` returned); None values are left out. Returns the record."""
+        if self.tracker is None:
+            raise ScaleLongError(f"the RunLog of {self.run} is closed; open a new one to write")
+        if isinstance(step, bool) or not isinstance(step, int) or step < 0:
+            raise ScaleLongError(f"step must be an integer >= 0, got {step!r}")
+        metrics = dict(metrics or {})
+        clash = sorted({"step", "loss", "lr"} & set(metrics))
+        if "step" in clash or ("loss" in clash and loss is not None) or ("lr" in clash and lr is not None):
+            raise ScaleLongError(f"{', '.join(clash)} given twice: pass them once, as arguments of write()")
+        record: dict = {"step": step}
+        for key, value in {"loss": loss, "lr": lr, **metrics}.items():
+            if value is not None:
+                record[key] = _logged_value(key, value)
+        self.tracker.log(record)
+        return record
+
+    def close(self) -> None:
+        """Flush TensorBoard and release the folder's lock (idempotent)."""
+        if self.tracker is not None:
+            self.tracker.close()
+            self.tracker = None
+        self._held.close()
+
+    def __enter__(self) -> RunLog:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
 __all__ = [
     "Diagnostics",
+    "RunLog",
     "find_blocks",
+    "model_output",
+    "noised",
     "window_stats",
     "robustness",
 ]

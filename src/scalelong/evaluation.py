@@ -32,6 +32,7 @@ from scalelong.checkpoint import DamagedCheckpoint
 from scalelong.config import Config, EvalConfig, write_text_atomic
 from scalelong.diffusion import mean_image_error, noise_level_errors
 from scalelong.errors import ScaleLongError
+from scalelong.fd_mnist import digit_score_of_features, real_digit_score
 from scalelong.frechet import (
     FeatureFn,
     batch_features,
@@ -95,7 +96,15 @@ def sample_features(
     return torch.cat(out)
 
 
-def fd_of_model(
+@dataclasses.dataclass
+class SampleScore:
+    """What :func:`score_model` measured of a model's samples."""
+
+    fd: float  # Fréchet distance to the reference statistics
+    digits: dict | None = None  # scalelong.fd_mnist.digit_score of the same samples (fd-mnist only)
+
+
+def score_model(
     model: nn.Module,
     cfg: Config,
     features: FeatureFn,
@@ -106,12 +115,14 @@ def fd_of_model(
     device: torch.device | str = "cpu",
     progress: bool = False,
     accelerator=None,
-) -> float | None:
-    """Fréchet distance of ``n`` samples of ``model`` (seeds fixed by the config) to ``ref``.
+    digits: bool = False,
+) -> SampleScore | None:
+    """Fréchet distance of ``n`` samples of ``model`` (seeds fixed by the config) to ``ref``, and with
+    ``digits`` (``features`` must then be FD-MNIST's) the digit score of the same samples.
 
     With an ``accelerator`` of several processes (all of them call this), process r draws the
     r-th contiguous share of the seeds; the main process gathers the features and returns the
-    distance, the others return None.
+    score, the others return None.
     """
     base = cfg.train.seed * EVAL_SEED_OFFSET
     rank, world = (accelerator.process_index, accelerator.num_processes) if accelerator else (0, 1)
@@ -136,7 +147,34 @@ def fd_of_model(
         if not accelerator.is_main_process:
             return None
         feats = np.concatenate([s for s in shares if s is not None])
-    return frechet_distance(*feature_stats(feats), *ref)
+    fd = frechet_distance(*feature_stats(feats), *ref)
+    # The classifier's head on the features FD-MNIST already holds: the same samples, no second draw.
+    return SampleScore(fd, digit_score_of_features(torch.as_tensor(feats)) if digits else None)
+
+
+def fd_of_model(
+    model: nn.Module,
+    cfg: Config,
+    features: FeatureFn,
+    ref: tuple[np.ndarray, np.ndarray],
+    n: int,
+    sampler: str | None = None,
+    steps: int | None = None,
+    device: torch.device | str = "cpu",
+    progress: bool = False,
+    accelerator=None,
+) -> float | None:
+    """Fréchet distance of ``n`` samples of ``model`` to ``ref`` (:func:`score_model` without the digit
+    score); None on processes other than the main one."""
+    score = score_model(model, cfg, features, ref, n, sampler, steps, device, progress, accelerator)
+    return None if score is None else score.fd
+
+
+def digit_record(score: dict | None) -> dict:
+    """The digit score as flat metrics-log entries (``digits/confident``, ``digits/entropy``)."""
+    if score is None:
+        return {}
+    return {"digits/confident": score["confident"], "digits/entropy": score["entropy"]}
 
 
 def _from_main(accelerator, value):
@@ -167,7 +205,9 @@ class TrainingEvaluator:
 
     ``evaluator(step, ema)`` returns ``{"fd": float, "fd_metric": "fd-mnist" | "fid", "fd_samples": n,
     "fd_sampler": name, "fd_steps": k, "fd_seconds": s}`` on the main process and ``{}`` on the
-    others; it leaves the model's train/eval mode as it found it and touches no global RNG.
+    others; with fd-mnist also ``"digits/confident"`` and ``"digits/entropy"``, the digit score of
+    the same samples (:func:`scalelong.fd_mnist.digit_score`). It leaves the model's train/eval
+    mode as it found it and touches no global RNG.
     ``finalize()`` loads ``ema.safetensors`` of ``RunDir.best_step``, scores it on
     ``cfg.eval.final_num_samples`` samples and, on the main process, writes and returns
     ``{"best_step", "fd", "fd_metric", "fd_samples", "fd_at_eval", ...}`` to
@@ -210,20 +250,28 @@ class TrainingEvaluator:
         ema_model.eval()
         t0 = time.perf_counter()
         try:
-            fd = fd_of_model(
-                ema_model, self.cfg, self.features, self.ref, n, device=self.device, accelerator=self.acc
+            score = score_model(
+                ema_model,
+                self.cfg,
+                self.features,
+                self.ref,
+                n,
+                device=self.device,
+                accelerator=self.acc,
+                digits=self.e.metric == "fd-mnist",
             )
         finally:
             ema_model.train(was_training)
-        if not self.main:
+        if score is None:  # not the main process
             return {}
         return {
-            "fd": fd,
+            "fd": score.fd,
             "fd_metric": self.e.metric,
             "fd_samples": n,
             "fd_sampler": self.e.sampler,
             "fd_steps": self.e.steps,
             "fd_seconds": time.perf_counter() - t0,
+            **digit_record(score.digits),
         }
 
     def finalize(self) -> dict | None:
@@ -357,8 +405,16 @@ def evaluate_run(
     device: torch.device | str = "cpu",
     progress: bool = True,
     random_init: bool = False,
+    weights: str = "ema",
 ) -> dict:
     """Sample ``n`` images of a run's checkpoint and score them; the result goes to ``run_dir/eval/``.
+
+    ``weights``: the checkpoint's ``ema`` (the default, what the recipe scores) or raw ``model``
+    weights, loaded as :meth:`scalelong.runs.RunDir.load_model` does: verified against their
+    checksums, the newest checkpoint falling back to the one before when they are damaged.
+
+    With fd-mnist the result also holds ``digits``, the :func:`scalelong.fd_mnist.digit_score` of
+    the same samples, and ``digits_real``, that of held-out real digits (the yardstick).
 
     The reference statistics are read before anything else, so a wrong path fails at once.
     """
@@ -375,12 +431,15 @@ def evaluate_run(
     if writer is not None:  # never write into a folder another process owns
         print(f"warning: {writer} writes this run; the result is printed, not saved to {run.eval_dir}")
     features = feature_fn(metric, device, inception_weights, random_init)
-    cfg, model, ckpt = run.load_model(step, "ema", device)
+    cfg, model, ckpt = run.load_model(step, weights, device)
     if batch_size:
         cfg.eval.batch_size = batch_size
     sampler, steps = sampler or cfg.eval.sampler, steps or cfg.eval.steps
     t0 = time.perf_counter()
-    fd = fd_of_model(model, cfg, features, ref, n, sampler, steps, device, progress)
+    score = score_model(
+        model, cfg, features, ref, n, sampler, steps, device, progress, digits=metric == "fd-mnist"
+    )
+    fd = score.fd
     if not math.isfinite(fd):
         raise ScaleLongError(
             f"the {metric} of {ckpt.name} is {fd}: the samples or their features are not finite; "
@@ -388,6 +447,7 @@ def evaluate_run(
         )
     result = {
         "checkpoint": ckpt.name,
+        "weights": weights,
         "fd": fd,
         "fd_metric": metric,
         "fd_samples": n,
@@ -396,9 +456,13 @@ def evaluate_run(
         "fd_seconds": time.perf_counter() - t0,
         "reference": str(fid_stats) if fid_stats else "embedded MNIST train",
     }
+    if score.digits is not None:  # beside FD-MNIST: the digit score of the same samples, and of real digits
+        result["digits"] = score.digits
+        result["digits_real"] = real_digit_score()
     if writer is None and writer_of(run.eval_dir) is None:
         run.eval_dir.mkdir(exist_ok=True)
-        name = f"{metric}-{ckpt.name}-n{n}-{sampler}{steps}.json"
+        tag = "" if weights == "ema" else f"-{weights}"  # the raw weights' score never replaces the EMA's
+        name = f"{metric}-{ckpt.name}{tag}-n{n}-{sampler}{steps}.json"
         write_text_atomic(run.eval_dir / name, json.dumps(result, indent=1))
     return result
 
@@ -411,4 +475,6 @@ __all__ = [
     "reference",
     "reference_for",
     "sample_features",
+    "score_model",
+    "SampleScore",
 ]

@@ -17,7 +17,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from scalelong.errors import ScaleLongError
-from scalelong.runs import MetricsLog, RunDir
+from scalelong.runs import MetricsLog, RunDir, Warn
 
 Records = Sequence[Mapping[str, object]]
 
@@ -36,14 +36,26 @@ def as_float(value: object) -> float:
     return math.nan
 
 
-def load_metrics(path: str | Path) -> list[dict]:
+def load_metrics(path: str | Path, warn: Warn = print) -> list[dict]:
     """Records of a run directory (or of a ``metrics.jsonl`` file) with every value but the step
-    as a float, ready to plot."""
+    as a float, ready to plot. The folder needs no ``config.yaml`` or checkpoint (a folder that
+    :class:`scalelong.RunLog` wrote has neither); a line that is not a JSON object with an integer
+    ``step`` is no record and is left out (unreadable lines with one warning through ``warn``)."""
     path = Path(path)
-    log = MetricsLog(path) if path.suffix == ".jsonl" else RunDir(path).metrics_log
-    if not log.path.is_file():
-        raise ScaleLongError(f"no metrics found at {log.path}")
-    return [{k: v if k == "step" else as_float(v) for k, v in r.items()} for r in log.read()]
+    file = path if path.suffix == ".jsonl" or path.is_file() else RunDir(path).metrics_file
+    if not file.is_file():
+        where = f"{path} does not exist" if not path.exists() else f"{path} holds no metrics.jsonl"
+        raise ScaleLongError(
+            f"nothing to plot: {where}; pass a run folder that `scalelong train` or scalelong.RunLog wrote"
+        )
+    records = []
+    for r in MetricsLog(file, warn).read():
+        step = r.get("step")
+        if isinstance(step, float) and step.is_integer():
+            step = int(step)
+        if isinstance(step, int) and not isinstance(step, bool):
+            records.append({k: step if k == "step" else as_float(v) for k, v in r.items()})
+    return records
 
 
 def series(records: Records, key: str) -> tuple[list[int], list[float]]:
@@ -119,6 +131,27 @@ def plot_fd(records_by_method: Mapping[str, Records], path: str | Path, key: str
     return _per_method(records_by_method, key, path, "Frechet distance", log=True)
 
 
+def plot_digit_score(
+    records_by_method: Mapping[str, Records], path: str | Path, real: Mapping[str, float] | None = None
+) -> Path:
+    """The digit score of each evaluation vs step, per method: the share of confident digits (left)
+    and the class balance (right), with the held-out real digits' values ``real`` dashed."""
+    fig, axes = _figure(ncols=2, size=(5.0, 3.5))
+    keys = (("digits/confident", "confident", "share of confident digits (p >= 0.9)"),
+            ("digits/entropy", "entropy", "class balance (entropy / log 10)"))  # fmt: skip
+    for ax, (key, name, label) in zip(axes[0], keys, strict=True):
+        for method, records in records_by_method.items():
+            steps, values = series(records, key)
+            if steps:
+                ax.plot(steps, values, marker="o", ms=3, label=method)
+        if real is not None:
+            ax.axhline(real[name], color="grey", linestyle="--", label="real digits")
+        ax.set(xlabel="step", ylabel=label, ylim=(0, 1.02))
+        ax.grid(alpha=0.3)
+    axes[0][0].legend()
+    return _save(fig, path)
+
+
 def plot_grad_oscillation(records_by_method: Mapping[str, Records], path: str | Path) -> Path:
     """Gradient norm of the blocks vs step (left) and its sliding-window std (right), per method."""
     fig, axes = _figure(ncols=2)
@@ -175,21 +208,48 @@ def plot_noise_levels(records_by_method: Mapping[str, Records], path: str | Path
 _COEF = re.compile(r"^skip/(\d+)/coef_mean$")
 
 
+def _ordinal(n: int) -> str:
+    return f"{n}{'th' if 10 <= n % 100 <= 20 else {1: 'st', 2: 'nd', 3: 'rd'}.get(n % 10, 'th')}"
+
+
+def skip_title(index: int, num_skips: int) -> str:
+    """Where skip ``index`` (1 = outermost) of ``num_skips`` sits: the decoder merges the innermost
+    skip first and the outermost last (LIFO), e.g. ``skip 1 (outermost), merged 6th of 6``."""
+    where = " (outermost)" if index == 1 else " (innermost)" if index == num_skips else ""
+    return f"skip {index}{where}\nmerged {_ordinal(num_skips - index + 1)} of {num_skips}"
+
+
 def plot_coefficients(records: Records, path: str | Path, title: str = "") -> Path:
-    """Coefficient of every skip vs step (mean, with the batch's min..max as a band); 1 = outermost."""
+    """One small panel per skip: its coefficient vs step (the mean over the batch, with the batch's
+    min..max as a band) on a shared 0..1 axis; the panel's title names the skip (1 = outermost)
+    and where the decoder merges it. Six bands of one axis hide each other; panels do not."""
     indices = sorted({int(m.group(1)) for r in records for k in r if (m := _COEF.match(k))})
-    fig, axes = _figure()
-    ax = axes[0][0]
-    for i in indices:
+    count = max(len(indices), 1)
+    nrows = math.ceil(count / 4)
+    ncols = math.ceil(count / nrows)
+    fig, axes = _figure(ncols, nrows, size=(3.0, 2.4))
+    panels = [ax for row in axes for ax in row]
+    num_skips = max(indices, default=0)
+    for ax, i in zip(panels, indices, strict=False):
         steps, mean = series(records, f"skip/{i}/coef_mean")
-        (line,) = ax.plot(steps, mean, label=f"skip {i}")
-        _, lo = series(records, f"skip/{i}/coef_min")
-        _, hi = series(records, f"skip/{i}/coef_max")
-        if len(lo) == len(hi) == len(steps):
-            ax.fill_between(steps, lo, hi, color=line.get_color(), alpha=0.2)
-    ax.set(xlabel="step", ylabel="skip coefficient", title=title)
-    if indices:
-        ax.legend()
+        lo = dict(zip(*series(records, f"skip/{i}/coef_min"), strict=True))
+        hi = dict(zip(*series(records, f"skip/{i}/coef_max"), strict=True))
+        band = [s for s in steps if s in lo and s in hi]
+        ax.fill_between(band, [lo[s] for s in band], [hi[s] for s in band], color="C0", alpha=0.25, lw=0)
+        ax.plot(steps, mean, color="C0")
+        ax.set_title(skip_title(i, num_skips), fontsize=9)
+        ax.set_ylim(0, 1.02)  # sigmoid gates: a band that touches 1 stays inside the frame
+        ax.grid(alpha=0.3)
+    for ax in panels[len(indices) :]:
+        ax.set_visible(False)
+    for row in axes:  # one y scale for all: tick labels on the left column only
+        row[0].set_ylabel("coefficient")
+        for ax in row[1:]:
+            ax.tick_params(labelleft=False)
+    for ax in axes[-1]:
+        ax.set_xlabel("step")
+    heading = "skip coefficients: mean over the batch (line) and its min..max (band)"
+    fig.suptitle(f"{title}: {heading}" if title else heading, fontsize=10)
     return _save(fig, path)
 
 
@@ -283,8 +343,10 @@ __all__ = [
     "plot_loss",
     "plot_feature_norm",
     "plot_fd",
+    "plot_digit_score",
     "plot_grad_oscillation",
     "plot_coefficients",
+    "skip_title",
     "plot_noise_levels",
     "last_noise_levels",
     "plot_stability_map",

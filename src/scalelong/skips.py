@@ -9,15 +9,15 @@ next to the middle block. ``cs`` gives skip ``i`` the coefficient ``kappa ** (i 
 
 Methods (Huang et al., "ScaleLong", NeurIPS 2023, Sec. 4):
 
-========== ===================================== ==================================
-name       coefficient on skip i                 paper
-========== ===================================== ==================================
-none       1                                     Org
-sqrt2      2 ** -0.5                             1/sqrt(2)-CS (Imagen-style)
-cs         kappa ** (i - 1)                      Constant Scaling
-ls         zeta(skip_i), one module for all      Learnable Scaling
-ls-nonshare zeta_i(skip_i), one module per skip  Learnable Scaling, not shared
-========== ===================================== ==================================
+    ========== ===================================== ==================================
+    name       coefficient on skip i                 paper
+    ========== ===================================== ==================================
+    none       1                                     Org
+    sqrt2      2 ** -0.5                             1/sqrt(2)-CS (Imagen-style)
+    cs         kappa ** (i - 1)                      Constant Scaling
+    ls         zeta(skip_i), one module for all      Learnable Scaling
+    ls-nonshare zeta_i(skip_i), one module per skip  Learnable Scaling, not shared
+    ========== ===================================== ==================================
 
 Learned gates: on transformer tokens (``num_tokens``) the released :class:`TokenGate`; on
 convolutional skips (``skip_channels``) a per-skip :class:`ChannelGate` for ``ls-nonshare`` and
@@ -29,7 +29,7 @@ of ``scalelong info``: index, shape, coefficient.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 import torch
 from torch import nn
@@ -229,6 +229,21 @@ class SkipScaling(nn.Module):
     @property
     def learned(self) -> bool:
         return self._constants is None
+
+    def watch_blocks(self, blocks: Mapping[str, nn.Module]) -> None:
+        """Declare the model's blocks, in forward order, whose hidden features the diagnostics record.
+
+        Adapters call this when they install the scaling on a third-party model, whose block
+        layout only they know. The blocks are kept as plain references, not submodules: their
+        parameters stay where the model has them, and ``copy.deepcopy`` of the whole model (an
+        EMA copy) points the copy's scaling at the copy's blocks.
+        """
+        self.__dict__["_watched_blocks"] = dict(blocks)
+
+    @property
+    def watched_blocks(self) -> dict[str, nn.Module] | None:
+        """The blocks declared by :meth:`watch_blocks`, or None when none were."""
+        return self.__dict__.get("_watched_blocks")
 
     def coefficients(self) -> list[float | None]:
         """Constant coefficient of each skip (outermost first); ``None`` where it is learned."""

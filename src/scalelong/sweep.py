@@ -14,11 +14,12 @@ import copy
 import json
 import math
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from scalelong.compare import (
     DEFAULT_RULE,
+    DIGIT_KEYS,
     STUDY_FREE_KEYS,
     Divergence,
     DivergenceRule,
@@ -29,7 +30,10 @@ from scalelong.compare import (
     broken_runs,
     concluded,
     criteria,
+    digit_headers,
+    digit_legend,
     fmt_ci,
+    has_digits,
     mean_ci,
     read_run,
     run_all,
@@ -153,6 +157,8 @@ class CellSummary:
     feature_osc: list[float]  # mean sliding-window std of the hidden-feature norm per seed
     spikes: list[float]  # loss spikes per seed
     breaks: list[list[Divergence]]  # per seed; empty: healthy
+    confident: list[float] = field(default_factory=list)  # digit score of the last evaluation, per seed
+    entropy: list[float] = field(default_factory=list)  # its class balance, per seed
 
     @property
     def seeds(self) -> int:
@@ -172,6 +178,8 @@ def summarise_cells(runs: Mapping[Cell, Sequence[StudyRun]], key: str) -> list[C
             [_mean_of(r.records, "osc/feature_norm_std") for r in rs],
             [_last(r.records, "spikes") for r in rs],
             [r.breaks for r in rs],
+            [_last(r.records, DIGIT_KEYS[0]) for r in rs],
+            [_last(r.records, DIGIT_KEYS[1]) for r in rs],
         )
         for cell, rs in runs.items()
     ]
@@ -211,20 +219,23 @@ def stability_table(cells: Sequence[CellSummary], metric: str) -> str:
     return "\n".join(lines)
 
 
-def cell_table(cells: Sequence[CellSummary], metric: str) -> str:
-    """Every cell: mean ± 95% interval over seeds of the final ``metric``, feature-norm
-    oscillation, spikes, and how many seeds diverged by which criterion."""
+def cell_table(cells: Sequence[CellSummary], metric: str, real_digits: Mapping | None = None) -> str:
+    """Every cell: mean ± 95% interval over seeds of the final ``metric``, the digit score of the
+    last evaluation (when the runs logged it: eval.metric fd-mnist; ``real_digits`` is its
+    yardstick), feature-norm oscillation, spikes, and how many seeds diverged by which criterion."""
+    digits = has_digits(*(c.confident for c in cells), *(c.entropy for c in cells))
+    extra = digit_headers(real_digits) if digits else []
+    head = ["method", "lr", "seeds", f"final {metric}", *extra, "feature-norm osc. std", "loss spikes"]
     lines = [
-        f"| method | lr | seeds | final {metric} | feature-norm osc. std | loss spikes | diverged "
-        "| divergence rate (95% CI) |",
-        "|---|---|---|---|---|---|---|---|",
+        "| " + " | ".join([*head, "diverged", "divergence rate (95% CI)"]) + " |",
+        "|---" * (len(head) + 2) + "|",
     ]
     for c in sorted(cells, key=lambda c: (_method_order(c.cell.method), c.cell.lr)):
         lo, hi = rate_interval(c.diverged, c.seeds)
-        lines.append(
-            f"| {c.cell.method} | {c.cell.lr:g} | {c.seeds} | {fmt_ci(c.final)} | {fmt_ci(c.feature_osc)} "
-            f"| {fmt_ci(c.spikes)} | {criteria(c.breaks)} | {c.diverged / c.seeds:.0%} ({lo:.0%}-{hi:.0%}) |"
-        )
+        scores = [fmt_ci(c.confident, 2), fmt_ci(c.entropy, 2)] if digits else []
+        row = [c.cell.method, f"{c.cell.lr:g}", str(c.seeds), fmt_ci(c.final), *scores]
+        row += [fmt_ci(c.feature_osc), fmt_ci(c.spikes), criteria(c.breaks)]
+        lines.append("| " + " | ".join(row) + f" | {c.diverged / c.seeds:.0%} ({lo:.0%}-{hi:.0%}) |")
     return "\n".join(lines)
 
 
@@ -253,6 +264,8 @@ def write_map_json(cells: Sequence[CellSummary], path: Path, key: str) -> Path:
             f"final_{key}": [number(x) for x in c.final],
             "feature_norm_osc_std": [number(x) for x in c.feature_osc],
             "loss_spikes": [number(x) for x in c.spikes],
+            "digits_confident": [number(x) for x in c.confident],
+            "digits_entropy": [number(x) for x in c.entropy],
             "diverged": [
                 [{"criterion": d.criterion, "step": d.step, "detail": d.detail} for d in b] for b in c.breaks
             ],
@@ -308,6 +321,8 @@ def write_sweep_report(
     ]
     if min(seeds, default=0) < 5:
         parts.append(seeds_note(min(seeds, default=0)))
+    if has_digits(*(c.confident for c in cells)):
+        parts.append(digit_legend())
     tables = []
     for depth in sorted({c.cell.depth for c in cells}, key=lambda d: d or 0):
         mine = [c for c in cells if c.cell.depth == depth]

@@ -1,4 +1,4 @@
-"""Text-to-image in latent space: the MS-COCO recipe of U-ViT (SCALELONG.md §3).
+"""Text-to-image in latent space: the MS-COCO recipe of U-ViT (Bao et al., CVPR 2023).
 
 Images are encoded once by the Stable Diffusion KL-f8 autoencoder (latents times 0.23010) and
 captions by the CLIP ViT-L/14 text encoder (77 tokens x 768); both are stored in safetensors

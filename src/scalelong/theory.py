@@ -1,4 +1,4 @@
-"""The paper's bounds, checked numerically (ScaleLong, Sec. 3; SCALELONG.md Sec. 4).
+"""The paper's bounds, checked numerically (ScaleLong, Huang et al. 2023, Sec. 3).
 
 * feature norm:  ||h_i||^2  ~  c1 ||x_t||^2 sum_{j >= i} kappa_j^2 + c2
 * robustness:    ||f(x_t + delta) - f(x_t)|| <= ||delta|| (sum_i kappa_i M0^i + c0)

@@ -10,6 +10,11 @@ attached to (an unregistered reference in the block's ``__dict__``), never throu
 so ``copy.deepcopy`` (an EMA model) gets hooks that use the copy's own parameters, and
 ``.to()``, ``state_dict`` and optimizers see the parameters once, under ``scalelong.*``.
 
+It also declares the UNet's blocks to the diagnostics (``SkipScaling.watch_blocks``, in forward
+order: ``down_blocks.0``, ..., ``mid_block``, ``up_blocks.0``, ...), so ``Diagnostics`` records
+them through any module that holds the UNet, :class:`DiffusersUNet2D` included, and in a deep copy
+(an EMA model) the copy's own blocks.
+
 Skip indices follow the package convention: 1 = conv-in output (outermost), N = last
 down-block output (innermost). diffusers hands each up block the last ``len(block.resnets)``
 entries of its skip tuple, so up block k receives the consecutive indices ending at
@@ -76,6 +81,17 @@ def skip_layout(unet: nn.Module) -> list[tuple[int, int | None, int | None]]:
     return layout
 
 
+def unet_blocks(unet: nn.Module) -> dict[str, nn.Module]:
+    """The UNet's blocks in forward order, named as in its state dict: ``down_blocks.0``, ...,
+    ``mid_block`` (when it has one), ``up_blocks.0``, ... (diffusers registers ``up_blocks``
+    before ``mid_block``, so registration order is not forward order)."""
+    blocks = {f"down_blocks.{i}": b for i, b in enumerate(unet.down_blocks)}
+    if unet.mid_block is not None:
+        blocks["mid_block"] = unet.mid_block
+    blocks.update((f"up_blocks.{i}", b) for i, b in enumerate(unet.up_blocks))
+    return blocks
+
+
 def _scale_skips_hook(block: nn.Module, args: tuple, kwargs: dict) -> tuple[tuple, dict]:
     """Forward pre-hook of an up block: scale its skip tuple, leave everything else alone."""
     scaling: SkipScaling = block.__dict__[_REF]
@@ -127,6 +143,7 @@ def apply_scalelong(
         block.__dict__[_FIRST] = remaining + 1
         handle = block.register_forward_pre_hook(_scale_skips_hook, with_kwargs=True)
         block.__dict__[_HOOK] = handle.id
+    scaling.watch_blocks(unet_blocks(unet))  # what the diagnostics record, also through a wrapper
     return model
 
 
@@ -141,6 +158,7 @@ def remove_scalelong(model: nn.Module) -> nn.Module:
         block._forward_pre_hooks_with_kwargs.pop(hook_id, None)
         block.__dict__.pop(_REF)
         block.__dict__.pop(_FIRST)
+    unet.scalelong.watch_blocks({})  # a kept reference to the removed module holds no blocks
     del unet.scalelong
     return model
 

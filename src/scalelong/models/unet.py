@@ -144,7 +144,9 @@ class UNet(nn.Module):
         dropout: dropout inside the residual blocks.
         num_classes: > 0 adds a class embedding to the time embedding; 0 means unconditional.
         norm_groups: GroupNorm groups (capped at the width for tiny models).
-        skip_method, kappa, ls_reduction: the ScaleLong method on the long skips.
+        skip_method: the ScaleLong method on the long skips, one of ``scalelong.skips.METHODS``.
+        kappa: base of ``cs``: skip i (1 = outermost) is scaled by ``kappa ** (i - 1)``.
+        ls_reduction: squeeze-excitation reduction r of the ``ls-nonshare`` channel gates.
     """
 
     def __init__(

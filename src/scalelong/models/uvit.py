@@ -130,7 +130,9 @@ class UViT(nn.Module):
         mlp_time_embed: pass the sinusoidal time embedding through the release's
             Linear(D, 4D) -> SiLU -> Linear(4D, D) (``time_embed.0``, ``time_embed.2``);
             False (the release's configs) uses the sinusoid itself as the time token.
-        skip_method, kappa, ls_reduction: the ScaleLong method on the long skips.
+        skip_method: the ScaleLong method on the long skips, one of ``scalelong.skips.METHODS``.
+        kappa: base of ``cs``: skip i (1 = outermost) is scaled by ``kappa ** (i - 1)``.
+        ls_reduction: reduction r of the LS token gates (Linear(L -> L // r) -> ... -> L).
     """
 
     def __init__(

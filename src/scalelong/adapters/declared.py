@@ -1,0 +1,288 @@
+"""ScaleLong on any network: declare where its long skips enter the decoder.
+
+A long skip reaches the decoder as an input of some submodule: a merge layer called as
+``merge(x, skip)`` (U-ViT), a decoder block called as ``block(x, skip=skip)``, or a block that
+receives ``torch.cat([x, skip], dim=1)`` made in its parent's forward (EDM's SongUNet,
+denoising-diffusion-pytorch). A :class:`SkipInput` names that submodule, the input, and, for a
+concatenated input, the skip's channel slice::
+
+    skips = [
+        SkipInput(net.dec[-1], arg=0, channels=slice(-64, None)),  # skip 1: cat([x, s1]), s1 64 wide
+        SkipInput(net.dec[-2], arg="skip"),                          # skip 2: dec[-2](x, skip=s2)
+    ]
+    apply_scalelong(net, "ls", skips=skips, skip_channels=[64, 128])
+
+:func:`install` registers one :class:`SkipScaling` as ``model.scalelong`` and a forward pre-hook
+on each named submodule that replaces the skip (or its slice) with ``scaling(skip, index)``
+before the submodule runs. Skip ``i`` is the ``i``-th entry of the list: list them outermost
+first (the skip made next to the input, merged next to the output).
+
+As for the diffusers UNets, each hook is a plain function that finds its :class:`SkipScaling`
+through an unregistered reference in its submodule's ``__dict__``, so ``copy.deepcopy`` (an EMA
+copy) gets hooks that use the copy's parameters, and ``.to()``, ``state_dict`` and optimizers see
+the LS parameters once, under ``scalelong.*``.
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Mapping, Sequence
+from typing import NamedTuple
+
+import torch
+from torch import nn
+
+from scalelong.errors import ScaleLongError
+from scalelong.skips import DEFAULT_KAPPA, SkipScaling, find_skip_scaling
+
+# Keys in a hooked submodule's __dict__ (the first two as in the diffusers UNet adapter), and in
+# the model's __dict__ the list of hooked submodules, which marks where ScaleLong was installed.
+_REF, _HOOK, _SPECS, _TARGETS = (
+    "_scalelong_scaling",
+    "_scalelong_hook_id",
+    "_scalelong_skip_inputs",
+    "_scalelong_declared",
+)
+_POSITIONAL = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
+
+
+class SkipInput(NamedTuple):
+    """One long skip as the decoder receives it: an input of one submodule of the model.
+
+    Attributes:
+        module: the submodule whose forward receives the skip (the merge layer, or the
+            decoder block that the concatenated tensor is handed to).
+        arg: which input of ``module.forward``: its position (0 = the first after ``self``)
+            or its parameter name. Either way the skip is found whether the caller passes it
+            by position or by keyword.
+        channels: ``slice(start, stop)`` along ``dim`` when the input is the skip already
+            concatenated with the decoder stream: only that slice is scaled. ``None``: the
+            whole input is the skip. For ``torch.cat([x, skip], 1)`` with a skip of ``w``
+            channels, ``slice(-w, None)`` is the tail, whatever the width of ``x``.
+        dim: the axis ``channels`` indexes: 1 for (B, C, H, W) maps, -1 for (B, L, D) tokens.
+    """
+
+    module: nn.Module
+    arg: int | str = 0
+    channels: slice | None = None
+    dim: int = 1
+
+
+class _Spec(NamedTuple):
+    """A resolved :class:`SkipInput`, kept on its submodule (plain data, so deepcopy is trivial)."""
+
+    index: int  # 1 = outermost
+    position: int | None  # where it sits in ``args``, None if it can only be a keyword
+    name: str | None  # its keyword, None if it is positional-only or unnamed
+    channels: slice | None
+    dim: int
+
+
+def install(
+    model: nn.Module,
+    method: str,
+    kappa: float | None,
+    skips: Sequence[SkipInput],
+    *,
+    num_tokens: int | None = None,
+    skip_channels: Sequence[int] | None = None,
+    reduction: int = 16,
+    blocks: Mapping[str, nn.Module] | None = None,
+) -> SkipScaling:
+    """Scale the declared skip inputs of ``model`` in place; return the installed :class:`SkipScaling`.
+
+    ``num_tokens`` (token skips, all of L tokens) or ``skip_channels`` (one width per skip,
+    outermost first) size the LS gates; constant methods need neither. ``kappa=None`` takes the
+    U-ViT default when ``num_tokens`` is given and the UNet default otherwise. ``blocks`` are the
+    model's blocks, in forward order, whose features :class:`~scalelong.diagnostics.Diagnostics`
+    records. Raises :class:`ScaleLongError` before changing anything if the declaration is wrong.
+    """
+    skips = [s if isinstance(s, SkipInput) else SkipInput(*s) for s in skips]
+    if not skips:
+        raise ScaleLongError(
+            "skips= declares no skip input; list one SkipInput per long skip, outermost first"
+        )
+    _check_not_applied(model, skips)
+    specs = _resolve(model, skips)
+    if num_tokens is not None and skip_channels is not None:
+        raise ScaleLongError("give num_tokens (token skips) or skip_channels (feature maps), not both")
+    if skip_channels is not None and len(skip_channels) != len(skips):
+        raise ScaleLongError(
+            f"skip_channels lists {len(skip_channels)} widths for {len(skips)} skips; give one per skip"
+        )
+    if kappa is None:
+        kappa = DEFAULT_KAPPA["uvit" if num_tokens is not None else "unet"]
+    scaling = SkipScaling(
+        method, len(skips), kappa, num_tokens=num_tokens, reduction=reduction, skip_channels=skip_channels
+    )
+    param = next(model.parameters(), None)
+    if param is not None:
+        scaling.to(device=param.device, dtype=param.dtype)
+    model.scalelong = scaling
+    for module, module_specs in specs:
+        module.__dict__[_REF] = scaling  # not a submodule: the parameters belong to model.scalelong
+        module.__dict__[_SPECS] = module_specs
+        module.__dict__[_HOOK] = module.register_forward_pre_hook(_scale_inputs_hook, with_kwargs=True).id
+    model.__dict__[_TARGETS] = [module for module, _ in specs]
+    if blocks:
+        scaling.watch_blocks(blocks)
+    return scaling
+
+
+def remove(model: nn.Module) -> None:
+    """Undo :func:`install`: remove the hooks and ``model.scalelong``."""
+    for module in model.__dict__.pop(_TARGETS):
+        hook_id = module.__dict__.pop(_HOOK)
+        module._forward_pre_hooks.pop(hook_id, None)
+        module._forward_pre_hooks_with_kwargs.pop(hook_id, None)
+        del module.__dict__[_REF], module.__dict__[_SPECS]
+    model.scalelong.watch_blocks({})  # a kept reference to the removed module holds no blocks
+    del model.scalelong
+
+
+def is_installed(model: nn.Module) -> bool:
+    """Whether :func:`install` put ScaleLong on this very model (not on one that holds it)."""
+    return _TARGETS in model.__dict__
+
+
+def is_hooked(model: nn.Module) -> bool:
+    """Whether any submodule of ``model`` carries a ScaleLong skip hook (of any adapter)."""
+    return any(_HOOK in m.__dict__ for m in model.modules())
+
+
+# ----------------------------------------------------------------------------- checking a declaration
+
+
+def _check_not_applied(model: nn.Module, skips: Sequence[SkipInput]) -> None:
+    hooked = any(isinstance(s.module, nn.Module) and _HOOK in s.module.__dict__ for s in skips)
+    if is_installed(model) or isinstance(getattr(model, "scalelong", None), SkipScaling) or hooked:
+        raise ScaleLongError(
+            "ScaleLong is already applied to this model (or to a model that holds it); "
+            "call remove_scalelong on that model first"
+        )
+    if find_skip_scaling(model) is not None:
+        raise ScaleLongError(
+            f"{type(model).__name__} already holds a SkipScaling (a scalelong backbone): "
+            "choose its method in its config (model.skip.method) instead"
+        )
+    if hasattr(model, "scalelong"):
+        raise ScaleLongError(
+            f"{type(model).__name__} already has an attribute 'scalelong'; ScaleLong needs that name"
+        )
+
+
+def _resolve(model: nn.Module, skips: Sequence[SkipInput]) -> list[tuple[nn.Module, list[_Spec]]]:
+    """Check every SkipInput and group them by submodule, in declaration order."""
+    members = {id(m) for m in model.modules()}
+    grouped: dict[int, tuple[nn.Module, list[_Spec]]] = {}
+    seen = set()
+    for index, skip in enumerate(skips, start=1):
+        module = skip.module
+        if not isinstance(module, nn.Module) or id(module) not in members:
+            raise ScaleLongError(
+                f"skip {index}: SkipInput.module must be a submodule of the model; "
+                f"this {type(module).__name__} is not one"
+            )
+        position, name = _locate(module, skip.arg, index)
+        _check_slice(skip, index)
+        key = (id(module), position if position is not None else name, _slice_key(skip.channels), skip.dim)
+        if key in seen:
+            raise ScaleLongError(
+                f"skip {index} declares the same input as an earlier skip; list each skip once"
+            )
+        seen.add(key)
+        grouped.setdefault(id(module), (module, []))[1].append(
+            _Spec(index, position, name, skip.channels, skip.dim)
+        )
+    return list(grouped.values())
+
+
+def _locate(module: nn.Module, arg: int | str, index: int) -> tuple[int | None, str | None]:
+    """(position in ``args``, keyword) of input ``arg`` of ``module.forward``."""
+    what = f"skip {index}: {type(module).__name__}.forward"
+    try:
+        params = list(inspect.signature(module.forward).parameters.values())
+    except (TypeError, ValueError):  # a forward without a readable signature: trust the declaration
+        params = [inspect.Parameter("args", inspect.Parameter.VAR_POSITIONAL)]
+    positional = [p for p in params if p.kind in _POSITIONAL]
+    var_positional = any(p.kind is inspect.Parameter.VAR_POSITIONAL for p in params)
+    if isinstance(arg, int) and not isinstance(arg, bool):
+        if arg < 0 or (arg >= len(positional) and not var_positional):
+            raise ScaleLongError(
+                f"{what} takes {len(positional)} positional inputs; arg={arg} is not one of them"
+            )
+        named = arg < len(positional) and positional[arg].kind is inspect.Parameter.POSITIONAL_OR_KEYWORD
+        return arg, positional[arg].name if named else None
+    if isinstance(arg, str):
+        for i, p in enumerate(positional):
+            if p.name == arg:
+                return i, (arg if p.kind is inspect.Parameter.POSITIONAL_OR_KEYWORD else None)
+        if any(p.name == arg and p.kind is inspect.Parameter.KEYWORD_ONLY for p in params) or any(
+            p.kind is inspect.Parameter.VAR_KEYWORD for p in params
+        ):
+            return None, arg
+        raise ScaleLongError(f"{what} has no input named {arg!r}")
+    raise ScaleLongError(f"skip {index}: SkipInput.arg must be a position (int) or a name (str), got {arg!r}")
+
+
+def _check_slice(skip: SkipInput, index: int) -> None:
+    if isinstance(skip.dim, bool) or not isinstance(skip.dim, int):
+        raise ScaleLongError(f"skip {index}: SkipInput.dim must be an int, got {skip.dim!r}")
+    c = skip.channels
+    if c is None:
+        return
+    ints = isinstance(c, slice) and all(v is None or type(v) is int for v in (c.start, c.stop))
+    if not ints or c.step not in (None, 1):
+        raise ScaleLongError(
+            f"skip {index}: SkipInput.channels must be a contiguous slice such as slice(-64, None), got {c!r}"
+        )
+
+
+def _slice_key(c: slice | None) -> tuple | None:
+    return None if c is None else (c.start, c.stop)
+
+
+# ----------------------------------------------------------------------------- the hook
+
+
+def _scale_inputs_hook(module: nn.Module, args: tuple, kwargs: dict) -> tuple[tuple, dict]:
+    """Forward pre-hook: replace each declared skip input of ``module`` with its scaled version."""
+    scaling: SkipScaling = module.__dict__[_REF]
+    for spec in module.__dict__[_SPECS]:
+        if spec.position is not None and spec.position < len(args):
+            new = _scaled(scaling, spec, args[spec.position], module)
+            args = (*args[: spec.position], new, *args[spec.position + 1 :])
+        elif spec.name is not None and spec.name in kwargs:
+            kwargs = {**kwargs, spec.name: _scaled(scaling, spec, kwargs[spec.name], module)}
+        else:
+            what = spec.name if spec.name is not None else f"at position {spec.position}"
+            raise ScaleLongError(
+                f"{type(module).__name__} was called without its input {what}, declared as skip "
+                f"{spec.index}; fix that SkipInput"
+            )
+    return args, kwargs
+
+
+def _scaled(scaling: SkipScaling, spec: _Spec, value: object, module: nn.Module) -> torch.Tensor:
+    if not isinstance(value, torch.Tensor):
+        raise ScaleLongError(
+            f"skip {spec.index}: the declared input of {type(module).__name__} is a {type(value).__name__}, "
+            "not a tensor; fix that SkipInput"
+        )
+    if spec.channels is None:
+        return scaling(value, spec.index)
+    dim = spec.dim % value.ndim
+    size = value.shape[dim]
+    start, stop, _ = spec.channels.indices(size)
+    if stop <= start:
+        raise ScaleLongError(
+            f"skip {spec.index}: channels {spec.channels} select nothing of an input with {size} along dim "
+            f"{spec.dim}; fix that SkipInput"
+        )
+    skip = value.narrow(dim, start, stop - start)
+    out = scaling(skip, spec.index)
+    if out is skip:  # coefficient 1: the input goes on as it came, bit for bit and without a copy
+        return value
+    # [before | scaled skip | after] along dim: only the skip's slice changes
+    parts = (value.narrow(dim, 0, start), out, value.narrow(dim, stop, size - stop))
+    return torch.cat([p for p in parts if p.shape[dim] > 0], dim=dim)

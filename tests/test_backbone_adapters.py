@@ -1,0 +1,146 @@
+"""apply_scalelong on every backbone it serves: diffusers' U-ViT (UTransformer2DModel,
+UniDiffuserModel), denoising-diffusion-pytorch's Unet, and a network whose skips are declared.
+
+Each test runs on every case of ``adapter_fixtures.CASES``; the skips are read off the real
+model (what its encoder makes, what its decoder merges), never off the adapter's own layout.
+"""
+
+import copy
+import math
+
+import pytest
+import torch
+
+from adapter_fixtures import CASES, case_params
+from scalelong.adapters import apply_scalelong, is_applied, remove_scalelong
+from scalelong.diagnostics import Diagnostics, find_blocks
+from scalelong.errors import ScaleLongError
+
+pytestmark = pytest.mark.parametrize("name", case_params())
+
+
+def applied(name: str, method: str, **kwargs):
+    case = CASES[name]
+    model = case.build()
+    apply_scalelong(model, method, **{**case.declare(model), **kwargs})
+    if case.watch is not None:
+        model.scalelong.watch_blocks(case.watch(model))
+    return case, model
+
+
+def perturb(model, seed: int = 1) -> None:
+    """Move the LS parameters away from their init, so copies and round trips are meaningful."""
+    gen = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for p in model.scalelong.parameters():
+            p.add_(torch.randn(p.shape, generator=gen))
+
+
+def match(merged: torch.Tensor, dim: int, produced: list[torch.Tensor]) -> tuple[int, float]:
+    """(1-based index, factor) of the one produced skip that the tail of ``merged`` is a multiple of."""
+    found = []
+    for i, p in enumerate(produced, start=1):
+        n = p.shape[dim]
+        if p.ndim != merged.ndim or merged.shape[dim] < n:
+            continue
+        tail = merged.narrow(dim, merged.shape[dim] - n, n).double()
+        if tail.shape != p.shape:
+            continue
+        ref = p.double()
+        factor = (tail * ref).sum() / ref.square().sum()
+        if torch.linalg.vector_norm(tail - factor * ref) <= 1e-5 * torch.linalg.vector_norm(factor * ref):
+            found.append((i, factor.item()))
+    assert len(found) == 1, f"merged input matches {len(found)} produced skips"
+    return found[0]
+
+
+def test_cs_scales_skip_i_by_kappa_power_counted_from_the_outermost(name):
+    kappa = 0.6
+    case, model = applied(name, "cs", kappa=kappa)
+    produced, merged, probed = [], [], {}
+    case.producers(model, produced)
+    case.consumers(model, merged)
+    model.scalelong.probe = lambda i, skip, coef, out: probed.setdefault(i, []).append(coef)
+    with torch.no_grad():
+        case.run(model)
+    n = case.num_skips
+    assert model.scalelong.num_skips == n and len(produced) == n and len(merged) == n
+    assert probed == {i: [kappa ** (i - 1)] for i in range(1, n + 1)}  # each skip once
+    # the outermost skip is the first one the encoder makes (next to the input)
+    indices = set()
+    for tensor, dim in merged:
+        index, factor = match(tensor, dim, produced)
+        assert factor == pytest.approx(kappa ** (index - 1), rel=1e-5)
+        indices.add(index)
+    assert indices == set(range(1, n + 1))
+
+
+def test_none_is_bit_identical_to_the_plain_model(name):
+    case = CASES[name]
+    plain = case.build()
+    expected = case.run(plain)
+    _, model = applied(name, "none")
+    assert torch.equal(case.run(model), expected)
+
+
+def test_remove_restores_outputs_and_state_dict_exactly(name):
+    case = CASES[name]
+    model = case.build()
+    before, keys = case.run(model), set(model.state_dict())
+    apply_scalelong(model, "ls-nonshare", reduction=4, **case.declare(model))
+    perturb(model)
+    assert is_applied(model) and not torch.equal(case.run(model), before)
+    remove_scalelong(model)
+    assert not is_applied(model) and not hasattr(model, "scalelong")
+    assert torch.equal(case.run(model), before) and set(model.state_dict()) == keys
+    apply_scalelong(model, "cs", **case.declare(model))  # can be applied again
+    assert is_applied(model)
+
+
+def test_deepcopy_ema_uses_its_own_parameters(name):
+    case, model = applied(name, "ls-nonshare", reduction=4)
+    before = case.run(model)
+    ema = copy.deepcopy(model)
+    refs = [m.__dict__["_scalelong_scaling"] for m in ema.modules() if "_scalelong_scaling" in m.__dict__]
+    assert len(refs) >= 1 and all(r is ema.scalelong for r in refs)
+    ema_modules = {id(m) for m in ema.modules()}
+    assert all(id(b) in ema_modules for b in find_blocks(ema).values())  # diagnostics follow the copy
+    assert torch.equal(case.run(ema), before)
+    perturb(ema)
+    assert not torch.allclose(case.run(ema), before)
+    assert torch.equal(case.run(model), before)
+
+
+@pytest.mark.parametrize("method", ["ls", "ls-nonshare"])
+def test_ls_parameters_sit_under_one_prefix_and_train(name, method):
+    case, model = applied(name, method, reduction=4)
+    model.train()
+    ls = {k for k in model.state_dict() if "scalelong" in k}
+    assert ls and all(k.startswith("scalelong.") for k in ls)
+    assert ls == {f"scalelong.{k}" for k in model.scalelong.state_dict()}
+    case.run(model).square().mean().backward()
+    for gate in model.scalelong.gates:
+        assert sum(p.grad.abs().sum() for p in gate.parameters()) > 0
+
+
+def test_applying_twice_is_an_error(name):
+    case, model = applied(name, "cs")
+    with pytest.raises(ScaleLongError, match="already applied"):
+        apply_scalelong(model, "ls", **case.declare(model))
+
+
+def test_diagnostics_record_finite_norms_of_the_named_blocks(name):
+    case, model = applied(name, "ls", reduction=4)
+    model.train()
+    diag = Diagnostics(model, every=1).attach()
+    assert diag.active_for(0)
+    case.run(model).square().mean().backward()
+    record = diag.collect(0, 1.0)
+    features = [k for k in record if k.startswith("block/") and k.endswith("/feature_norm")]
+    assert features == [f"block/{b}/feature_norm" for b in case.blocks]
+    for b in case.blocks:
+        assert math.isfinite(record[f"block/{b}/feature_norm"]) and record[f"block/{b}/feature_norm"] > 0
+        assert math.isfinite(record[f"block/{b}/grad_norm"])
+    for i in range(1, case.num_skips + 1):
+        assert 0 < record[f"skip/{i}/coef_min"] <= record[f"skip/{i}/coef_max"] < 1
+    assert record["nonfinite_values"] == 0
