@@ -315,7 +315,9 @@ def _add_configs_command(sub) -> None:
 
 
 def cmd_compare(args: argparse.Namespace) -> int:
-    from scalelong.compare import parse_methods, run_comparison
+    import textwrap
+
+    from scalelong.compare import comparison_configs, parse_methods, run_comparison
     from scalelong.config import load_config
 
     methods = parse_methods(args.methods)
@@ -323,20 +325,30 @@ def cmd_compare(args: argparse.Namespace) -> int:
     cfg = load_config(args.config, overrides)
     # Beside, not inside, the single-run folder of the same name: train --overwrite must not delete it.
     report_dir = Path(cfg.out_dir) / f"{cfg.name}-compare" if args.out is None else Path(args.out)
+    if args.dry_run:
+        return _print_plan(comparison_configs(cfg, methods, args.seeds, report_dir), report_dir)
     result = run_comparison(
         cfg, methods, args.seeds, report_dir, progress=not args.no_progress, jobs=args.jobs
     )
     print(f"\n{result.table}\n")
     if result.legend:  # e.g. the digit score, with the real digits' values as the yardstick
-        import textwrap
-
         print(textwrap.fill(result.legend, 100) + "\n")
-    if args.seeds < 5:
-        print(
-            f"{args.seeds} seed(s): seed-to-seed noise on small models exceeds these differences; "
-            "use --seeds 5 or more before concluding (see the README's stability map)"
-        )
+    if result.reading:  # the table in sentences, the seed-count warning first
+        print(textwrap.fill(result.reading, 100) + "\n")
     return _report_paths(result)
+
+
+def _print_plan(cfgs, folder: Path) -> int:
+    """``--dry-run`` of a study: check every run as the study would before its first, print the
+    runs and the resolved config of the first (model, skips, data, as ``train --dry-run``); write
+    nothing."""
+    from scalelong.compare import check_plan, plan_table
+
+    check_plan(cfgs)
+    print(f"{len(cfgs)} runs in {folder / 'runs'}; report in {folder}")
+    print(plan_table(cfgs))
+    print(f"\nthe config of {cfgs[0].name} (the other runs differ only where the table says):\n")
+    return _print_info(cfgs[0], dry_run=True)
 
 
 def _report_paths(result) -> int:
@@ -354,13 +366,15 @@ def _report_paths(result) -> int:
 def cmd_sweep(args: argparse.Namespace) -> int:
     from scalelong.compare import parse_methods
     from scalelong.config import load_config
-    from scalelong.sweep import parse_numbers, run_sweep
+    from scalelong.sweep import parse_numbers, plan, run_sweep
 
     methods = parse_methods(args.methods)
     lrs = parse_numbers(args.lrs, "--lrs")
     depths = parse_numbers(args.depths, "--depths", int) if args.depths else None
     cfg = load_config(args.config, args.overrides)
     sweep_dir = Path(cfg.out_dir) / f"{args.name or cfg.name}-sweep"
+    if args.dry_run:
+        return _print_plan(plan(cfg, methods, lrs, depths, args.seeds, sweep_dir / "runs"), sweep_dir)
     result = run_sweep(
         cfg, methods, lrs, depths, args.seeds, sweep_dir, jobs=args.jobs, progress=not args.no_progress
     )
@@ -427,6 +441,11 @@ def _add_study_commands(sub) -> None:
     )
     p.add_argument("--seeds", type=_count(1), default=1, help="seeds per method, from train.seed on")
     p.add_argument("--out", default=None, help="report folder (default: <out_dir>/<name>-compare)")
+    p.add_argument(
+        "--dry-run",
+        action="store_true",
+        help="check every run, print them and the resolved config of the first, then exit (nothing written)",
+    )
     _add_jobs_arg(p)
     p.add_argument("--no-progress", action="store_true", help="no progress bars")
     p.set_defaults(func=cmd_compare)
@@ -446,6 +465,11 @@ def _add_study_commands(sub) -> None:
     p.add_argument("--depths", default=None, help="comma-separated U-ViT depths (model.uvit.depth)")
     p.add_argument("--seeds", type=int, default=1, help="seeds per cell, from train.seed on")
     p.add_argument("--name", default=None, help="the sweep folder is <out_dir>/<name>-sweep (default: name)")
+    p.add_argument(
+        "--dry-run",
+        action="store_true",
+        help="check every run, print them and the resolved config of the first, then exit (nothing written)",
+    )
     _add_jobs_arg(p)
     p.add_argument("--no-progress", action="store_true", help="no progress bars")
     p.set_defaults(func=cmd_sweep)

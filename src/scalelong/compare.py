@@ -31,7 +31,7 @@ import scipy.stats
 import torch
 
 from scalelong.build import check_models
-from scalelong.config import Config, config_to_dict, read_yaml
+from scalelong.config import Config, config_to_dict, read_yaml, validate
 from scalelong.errors import ScaleLongError
 from scalelong.fd_mnist import CONFIDENT, real_digit_score
 from scalelong.launch import pool_map
@@ -398,6 +398,7 @@ class MethodSummary:
     breaks: list[list[Divergence]] = field(default_factory=list)  # per seed; empty: healthy
     confident: list[float] = field(default_factory=list)  # digit score of the last evaluation, per seed
     entropy: list[float] = field(default_factory=list)  # its class balance, per seed
+    feature_norm: list[float] = field(default_factory=list)  # last logged hidden-feature norm, per seed
 
 
 def _targets(records_by_method: Mapping[str, Records], baseline: str, key: str) -> TargetResult:
@@ -431,6 +432,7 @@ def summarise(
             breaks=[list(b) for b in (breaks or {}).get(method, [[] for _ in per_seed])],
             confident=[_last(r, DIGIT_KEYS[0]) for r in per_seed],
             entropy=[_last(r, DIGIT_KEYS[1]) for r in per_seed],
+            feature_norm=[_last(r, "feature_norm") for r in per_seed],
         )
         for method, per_seed in runs.items()
     ]
@@ -506,6 +508,210 @@ def summary_table(
     return "\n".join(lines)
 
 
+# ----------------------------------------------------------------------------- reading a comparison
+
+MIN_SEEDS = 5  # fewer seeds than this: no difference of a small-model comparison is evidence
+DIGITS_FD = 200.0  # FD-MNIST at or below this ...
+DIGITS_CONFIDENT = 0.5  # ... with at least this share of confident digits: the samples are digits
+FIG1_ORDER = (("none",), ("sqrt2",), ("cs", "ls", "ls-nonshare"))  # the paper's Fig. 1, highest norm first
+
+
+def _num(x: float) -> str:
+    """A number as a sentence rounds it: whole from 100 on, three significant digits below."""
+    return f"{x:.0f}" if abs(x) >= 100 else f"{x:.3g}"
+
+
+def _pct(x: float, sign: str = "") -> str:
+    """A percentage as a sentence rounds it: whole from 10 on, one decimal below (``sign`` "+":
+    always signed)."""
+    return f"{x:{sign}.0f}%" if abs(x) >= 10 else f"{x:{sign}.1f}%"
+
+
+def _and(items: Sequence[str]) -> str:
+    """``a``, ``a and b``, ``a, b and c``."""
+    items = list(items)
+    return items[0] if len(items) == 1 else ", ".join(items[:-1]) + " and " + items[-1]
+
+
+def _mean(values: Sequence[float]) -> float:
+    return mean_ci(values)[0]
+
+
+def _over(seeds: int) -> str:
+    return "1 seed" if seeds == 1 else f"mean over {seeds} seeds"
+
+
+def _seeds_sentence(summaries: Sequence[MethodSummary], baseline: str, seeds: int, evaluated: bool) -> str:
+    if seeds < MIN_SEEDS:
+        return (
+            f"With {seeds} seed{'' if seeds == 1 else 's'}, no difference in this table is evidence: on "
+            f"small models seed-to-seed noise is larger than the effect, so train --seeds {MIN_SEEDS} or "
+            "more before concluding."
+        )
+    others = [s for s in summaries if s.method != baseline]
+    if not others or not evaluated:
+        what = "there is no other method" if not others else "no run logged an FD to pair"
+        return f"With {seeds} seeds a paired difference could be tested, but {what}."
+    clear, unclear = [], []
+    for s in others:
+        mean, half = mean_ci(s.fd_change)
+        text = f"{s.method} ({'n/a' if math.isnan(mean) else _pct(100 * mean, '+')}"
+        text += ")" if math.isnan(half) else f" ± {_pct(100 * half)})"
+        (clear if math.isfinite(half) and abs(mean) > half else unclear).append(text)
+    head = f"With {seeds} seeds, the 95% interval of the paired change in final FD against {baseline}"
+    if not unclear:
+        return f"{head} excludes 0 for {_and(clear)}."
+    if not clear:
+        return f"{head} includes 0 for {_and(unclear)}: no difference in final FD is evidence."
+    which = "that difference is" if len(unclear) == 1 else "those differences are"
+    return f"{head} excludes 0 for {_and(clear)}; it includes 0 for {_and(unclear)}: {which} not evidence."
+
+
+def _digits_sentence(summaries: Sequence[MethodSummary]) -> str:
+    bar = f"final FD <= {DIGITS_FD:g} and at least {DIGITS_CONFIDENT:.0%} of the samples confident digits"
+    failing = []
+    for s in summaries:
+        fd, confident = _mean(s.final_fd), _mean(s.confident)
+        if fd <= DIGITS_FD and confident >= DIGITS_CONFIDENT:  # NaN fails both
+            continue
+        score = "no digit score" if math.isnan(confident) else f"{confident:.0%} confident"
+        failing.append(f"{s.method} ({'no finite FD' if math.isnan(fd) else 'FD ' + _num(fd)}, {score})")
+    if not failing:
+        return f"Every method ended drawing digits ({bar})."
+    if len(failing) == len(summaries):
+        return f"No method ended drawing digits ({bar}): {_and(failing)}."
+    return f"{_and(failing)} did not end drawing digits ({bar}); the others did."
+
+
+def _fd_sentence(summaries: Sequence[MethodSummary], seeds: int) -> str:
+    ranked = sorted((fd, s.method) for s in summaries if math.isfinite(fd := _mean(s.final_fd)))
+    missing = [s.method for s in summaries if math.isnan(_mean(s.final_fd))]
+    over = _over(seeds)
+    (lo, lo_m), (hi, hi_m) = ranked[0], ranked[-1]
+    if len(ranked) == 1:
+        text = f"The final FD ({over}) is {_num(lo)} for {lo_m}"
+    else:
+        text = f"The final FD ({over}) is lowest for {lo_m} ({_num(lo)}) and highest for {hi_m} ({_num(hi)})"
+        if len(ranked) > 2:
+            text += "; " + ", ".join(f"{m} {_num(fd)}" for fd, m in ranked[1:-1])
+    return text + (f"; {_and(missing)} ended with no finite FD." if missing else ".")
+
+
+def fig1_order(norms: Mapping[str, float]) -> bool | None:
+    """Whether the final hidden-feature norms order as in the paper's Fig. 1 (none highest, then
+    sqrt2, then cs / ls); None when fewer than two of those three groups are present."""
+    groups = [[norms[m] for m in group if m in norms] for group in FIG1_ORDER]
+    groups = [g for g in groups if g]
+    if len(groups) < 2:
+        return None
+    return all(min(high) > max(low) for high, low in zip(groups[:-1], groups[1:], strict=True))
+
+
+def _norm_sentence(summaries: Sequence[MethodSummary], baseline: str, seeds: int) -> str:
+    norms = {s.method: v for s in summaries if math.isfinite(v := _mean(s.feature_norm))}
+    if not norms:
+        return "No run logged the hidden-feature norm (diagnostics.every=0), so Fig. 1 cannot be read."
+    base = norms.get(baseline, math.nan)
+    if math.isfinite(base) and base > 0:
+        ratios = ", ".join(f"{m} {v / base:.2f}x" for m, v in norms.items() if m != baseline)
+        text = f"The hidden-feature norm at the end ({_over(seeds)}) is {_num(base)} for {baseline}"
+        text += f"; as a ratio to it, {ratios}" if ratios else ""
+    else:
+        text = f"The hidden-feature norm at the end ({_over(seeds)}) is " + ", ".join(
+            f"{m} {_num(v)}" for m, v in norms.items()
+        )
+    order = fig1_order(norms)
+    paper = "the paper's Fig. 1 (none highest, then sqrt2, then cs and ls)"
+    if order is None:
+        return text + "."
+    if order:
+        return f"{text}: the order of {paper}."
+    here = " > ".join(sorted(norms, key=norms.__getitem__, reverse=True))
+    return f"{text}: not the order of {paper}, but {here}."
+
+
+def _speed_sentences(
+    summaries: Sequence[MethodSummary], baseline: str, eval_every: int, steps: int
+) -> list[str]:
+    base = next(s for s in summaries if s.method == baseline)
+    reached = [x for x in base.steps_to_target if x is not None]
+    if not reached:
+        return [f"{baseline} ended with no finite FD, so there is no target to measure speed-ups against."]
+    at = statistics.median(reached)
+    parts = []
+    for s in summaries:
+        if s.method == baseline:
+            continue
+        speed = [x for x in s.speedup if x is not None]
+        n, k = len(s.speedup), len(speed)
+        if not speed:
+            parts.append(f"{s.method} never reached it")
+            continue
+        partial = f" ({k}/{n} seeds got there)" if k < n else ""
+        parts.append(f"{s.method} {statistics.fmean(speed):.2f}x{partial}")
+    first = f"{baseline} first reached its final FD at step {at:.0f}"
+    first += " (median over seeds)" if len(reached) > 1 else ""
+    first += f"; speed-up to that FD: {_and(parts)}." if parts else "."
+    if at <= eval_every:
+        second = (
+            f"That was its first evaluation (every {eval_every} steps), so no speed-up can show: "
+            "evaluate more often (eval.every) or train longer."
+        )
+    else:
+        smallest = at / (at - eval_every)
+        second = (
+            f"With evaluations every {eval_every} of {steps} steps, the smallest speed-up that can show is "
+            f"{at:.0f} / {at - eval_every:.0f} = {smallest:.2f}x"
+        )
+        second += (
+            ", so 1.5x cannot be resolved: evaluate more often (eval.every) or train longer."
+            if smallest > 1.5
+            else "."
+        )
+    return [first, second]
+
+
+def reading(
+    summaries: Sequence[MethodSummary], baseline: str, eval_every: int, steps: int, seeds: int
+) -> str:
+    """One paragraph that reads a comparison's table aloud, from its numbers: what the seed count
+    allows (with fewer than 5 no difference is evidence; with 5 or more, which paired final-FD
+    changes have 95% intervals that exclude 0), whether every method ended drawing digits (final
+    FD <= 200 and at least half the samples confident digits), the final FD of each method, the
+    hidden-feature norm at the end against the paper's Fig. 1, the speed-up to the baseline's
+    final FD with the smallest one the evaluation spacing can show (evaluations every E steps,
+    the baseline there at step S: S / (S - E)), and the runs that diverged.
+
+    ``eval_every`` and ``steps`` are the config's ``eval.every`` and ``train.steps``; ``seeds`` is
+    the number of seeds per method.
+    """
+    evaluated = eval_every > 0 and any(math.isfinite(v) for s in summaries for v in s.final_fd)
+    sentences = [_seeds_sentence(summaries, baseline, seeds, evaluated)]
+    if evaluated:
+        if has_digits(*(s.confident for s in summaries)):  # fd-mnist: the samples can be read as digits
+            sentences.append(_digits_sentence(summaries))
+        sentences.append(_fd_sentence(summaries, seeds))
+    else:
+        losses = sorted((v, s.method) for s in summaries if math.isfinite(v := _mean(s.final_loss)))
+        why = "No run was evaluated (eval.every=0)" if eval_every <= 0 else "No run ended with a finite FD"
+        text = f"{why}, so there is no FD, digit score or speed-up to read"
+        if losses:
+            text += f"; the final loss is lowest for {losses[0][1]} ({losses[0][0]:.3g})"
+            if len(losses) > 1:
+                text += f" and highest for {losses[-1][1]} ({losses[-1][0]:.3g})"
+        sentences.append(text + ".")
+    sentences.append(_norm_sentence(summaries, baseline, seeds))
+    if evaluated:
+        sentences += _speed_sentences(summaries, baseline, eval_every, steps)
+    broken = []
+    for s in summaries:
+        if any(s.breaks):
+            count, _, named = criteria(s.breaks).partition(" ")  # "2/5 (loss)"
+            broken.append(f"{s.method} in {count} seeds" + (f" {named}" if named else ""))
+    sentences.append(f"Diverged: {_and(broken)}." if broken else "No run diverged.")
+    return " ".join(sentences)
+
+
 def method_config(base: Config, method: str, seed: int, out_dir: Path) -> Config:
     cfg = copy.deepcopy(base)
     cfg.model.skip.method = method
@@ -513,6 +719,43 @@ def method_config(base: Config, method: str, seed: int, out_dir: Path) -> Config
     cfg.out_dir = str(out_dir)
     cfg.name = f"{method}-seed{seed}"
     return cfg
+
+
+def comparison_configs(base: Config, methods: Sequence[str], seeds: int, report_dir: Path) -> list[Config]:
+    """Every run of a comparison, seed by seed, under ``report_dir/runs``: seed ``train.seed + k``."""
+    return [
+        method_config(base, m, base.train.seed + k, report_dir / "runs")
+        for k in range(seeds)
+        for m in methods
+    ]
+
+
+def check_plan(cfgs: Sequence[Config]) -> None:
+    """What a study checks before its first run, writing nothing: every run's config is valid,
+    no run folder holds a run of another config (:func:`check_run_dirs`) and every model accepts
+    its input shape (:func:`scalelong.build.check_models`)."""
+    for cfg in cfgs:
+        try:
+            validate(copy.deepcopy(cfg))  # validation resolves defaults in place; the plan stays as built
+        except ScaleLongError as e:
+            raise ScaleLongError(f"run {cfg.name}: {e}") from None
+    check_run_dirs(cfgs)
+    check_models(cfgs)
+
+
+def plan_table(cfgs: Sequence[Config]) -> str:
+    """The runs of a study, one line each: name, skip method, seed, lr, U-ViT depth, and what the
+    study will do with it (``new``; ``resume`` an unfinished run; ``reuse`` a finished one)."""
+    rows = [("run", "method", "seed", "lr", "depth", "action")]
+    for cfg in cfgs:
+        run = RunDir(cfg.run_dir)
+        action = "reuse" if reusable(run, cfg) else "resume" if run.config_file.is_file() else "new"
+        depth = str(cfg.model.uvit.depth) if cfg.model.type == "uvit" else "-"
+        rows.append(
+            (cfg.name, cfg.model.skip.method, str(cfg.train.seed), f"{cfg.optim.lr:g}", depth, action)
+        )
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    return "\n".join("  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() for r in rows)
 
 
 def parse_methods(text: str) -> list[str]:
@@ -533,6 +776,7 @@ class StudyResult:
     table: str
     outcomes: list[RunOutcome]
     legend: str = ""  # how to read columns the table's headers cannot explain (the digit score)
+    reading: str = ""  # the table in plain sentences (:func:`reading`)
 
     @property
     def failed(self) -> list[RunOutcome]:
@@ -550,15 +794,15 @@ def run_comparison(
 ) -> StudyResult:
     """Train every method for every seed (reusing finished runs; ``jobs`` at a time) and write
     the report. Runs that diverge or fail are recorded in it; the others are trained all the same."""
-    runs_dir = report_dir / "runs"
-    cfgs = [method_config(base, m, base.train.seed + k, runs_dir) for k in range(seeds) for m in methods]
+    cfgs = comparison_configs(base, methods, seeds, report_dir)
     outcomes = run_all(cfgs, jobs, progress, train_kwargs)
     studies: dict[str, list[StudyRun]] = {m: [] for m in methods}
     for cfg, outcome in zip(cfgs, outcomes, strict=True):
         error = outcome.message if outcome.status == "failed" else ""
         studies[cfg.model.skip.method].append(read_run(cfg.run_dir, error=error))
     report, table = write_report(studies, methods[0], report_dir, base)
-    return StudyResult(report, table, outcomes, digit_legend(markdown=False) if DIGIT_HEADER in table else "")
+    legend = digit_legend(markdown=False) if DIGIT_HEADER in table else ""
+    return StudyResult(report, table, outcomes, legend, study_reading(studies, methods[0], base))
 
 
 # ----------------------------------------------------------------------------- reports
@@ -725,19 +969,32 @@ def plot_caption(stem: str, base: Config) -> str:
     return PLOT_CAPTIONS.get(stem, stem).format(metric=base.eval.metric)
 
 
+def study_summaries(studies: Mapping[str, Sequence[StudyRun]], baseline: str) -> list[MethodSummary]:
+    """:func:`summarise` of a study's runs, with each run's divergence verdict."""
+    runs = {m: [r.records for r in rs] for m, rs in studies.items()}
+    return summarise(runs, baseline, breaks={m: [r.breaks for r in rs] for m, rs in studies.items()})
+
+
+def study_reading(studies: Mapping[str, Sequence[StudyRun]], baseline: str, base: Config) -> str:
+    """:func:`reading` of a study of ``base`` (its eval.every, train.steps and seed count)."""
+    seeds = len(next(iter(studies.values())))
+    return reading(study_summaries(studies, baseline), baseline, base.eval.every, base.train.steps, seeds)
+
+
 def write_report(
     studies: Mapping[str, Sequence[StudyRun]], baseline: str, report_dir: Path, base: Config
 ) -> tuple[Path, str]:
     """report.md, PNG plots (means over seeds), the sample grids and a self-contained report.html in
     ``report_dir``; returns the path of report.md and the summary table (markdown).
 
-    The report reads top down: the summary table, the final samples of every method side by side,
-    Fig. 1 (hidden-feature norm), the error per noise level, then the runs that broke, the training
-    curves and the learned skip coefficients.
+    The report reads top down: the summary table and its reading in plain sentences
+    (:func:`reading`), the final samples of every method side by side, Fig. 1 (hidden-feature
+    norm), the error per noise level, then the runs that broke, the training curves and the
+    learned skip coefficients.
     """
     report_dir.mkdir(parents=True, exist_ok=True)
     runs = {m: [r.records for r in rs] for m, rs in studies.items()}
-    summaries = summarise(runs, baseline, breaks={m: [r.breaks for r in rs] for m, rs in studies.items()})
+    summaries = study_summaries(studies, baseline)
     table = summary_table(summaries, baseline)
     averaged = {m: average_records([r for r in rr if r]) for m, rr in runs.items()}
     plots = write_plots(averaged, report_dir)
@@ -753,10 +1010,9 @@ def write_report(
         "95% t-interval; speed-ups are paired per seed. FD is the Frechet distance "
         f"({base.eval.metric}) of EMA samples."
     )
-    parts = [f"# ScaleLong comparison: {', '.join(runs)}", header]
-    if seeds < 5:
-        parts.append(seeds_note(seeds))
-    parts.append(table)
+    parts = [f"# ScaleLong comparison: {', '.join(runs)}", header, table]
+    # Right under the table, so it is read first; it carries the seed-count warning too.
+    parts.append(reading(summaries, baseline, base.eval.every, base.train.steps, seeds))
     if DIGIT_HEADER in table:
         parts.append(digit_legend())
     parts += sample_grid_section(studies, report_dir, base)

@@ -61,6 +61,7 @@ from scalelong.diagnostics import Diagnostics
 from scalelong.diffusion import denoising_loss, input_free_loss
 from scalelong.errors import ScaleLongError
 from scalelong.evaluation import NoiseLevelProbe, TrainingEvaluator
+from scalelong.fd_mnist import format_digit_score
 from scalelong.launch import make_accelerator, on_main_process, sigterm_as_interrupt
 from scalelong.models import conditioning
 from scalelong.runs import RunDir
@@ -785,9 +786,13 @@ def _rescore(trainer: Trainer) -> dict | None:
     """The recipe's re-score of the best step with more samples; every process samples its share."""
     final = trainer.evaluator.finalize() if trainer.evaluator is not None else None
     if final is not None and trainer.acc.is_main_process:
+        digits = ""
+        if "digits/confident" in final:  # fd-mnist: beside FD, whether the samples read as digits
+            score = {"confident": final["digits/confident"], "entropy": final["digits/entropy"]}
+            digits = f"; digits: {format_digit_score(score)}"
         print(
             f"best step {final['best_step']}: {final['fd_metric']} {final['fd']:.4g} "
-            f"on {final['fd_samples']} samples"
+            f"on {final['fd_samples']} samples{digits}"
         )
     return final
 
