@@ -366,18 +366,20 @@ def _report_paths(result) -> int:
 def cmd_sweep(args: argparse.Namespace) -> int:
     from scalelong.compare import parse_methods
     from scalelong.config import load_config
-    from scalelong.sweep import parse_numbers, plan, run_sweep
+    from scalelong.sweep import check_fig1_lr, parse_numbers, plan, run_sweep
 
     methods = parse_methods(args.methods)
     lrs = parse_numbers(args.lrs, "--lrs")
+    check_fig1_lr(args.fig1_lr, lrs)
     depths = parse_numbers(args.depths, "--depths", int) if args.depths else None
     cfg = load_config(args.config, args.overrides)
     sweep_dir = Path(cfg.out_dir) / f"{args.name or cfg.name}-sweep"
     if args.dry_run:
         return _print_plan(plan(cfg, methods, lrs, depths, args.seeds, sweep_dir / "runs"), sweep_dir)
     result = run_sweep(
-        cfg, methods, lrs, depths, args.seeds, sweep_dir, jobs=args.jobs, progress=not args.no_progress
-    )
+        cfg, methods, lrs, depths, args.seeds, sweep_dir, jobs=args.jobs, progress=not args.no_progress,
+        fig1_lr=args.fig1_lr,
+    )  # fmt: skip
     print(f"\n{result.table}\n")
     return _report_paths(result)
 
@@ -465,6 +467,12 @@ def _add_study_commands(sub) -> None:
     p.add_argument("--depths", default=None, help="comma-separated U-ViT depths (model.uvit.depth)")
     p.add_argument("--seeds", type=int, default=1, help="seeds per cell, from train.seed on")
     p.add_argument("--name", default=None, help="the sweep folder is <out_dir>/<name>-sweep (default: name)")
+    p.add_argument(
+        "--fig1-lr",
+        type=float,
+        default=None,
+        help="the lr of the report's Fig. 1 (default: the smallest of --lrs)",
+    )
     p.add_argument(
         "--dry-run",
         action="store_true",

@@ -48,6 +48,9 @@ class UViTConfig:
     mlp_time_embed: bool = False  # the release's MLP on the time token (its configs use False)
     mlp_conv: bool = False  # depthwise 3x3 conv over the patch grid in every MLP (not in the release)
     skip_linear_init: str = "release"  # release: trunc_normal(0.02) | xavier: width-aware (small models)
+    # cs: the skip half of each out-block's skip_linear starts times cs's kappa ** (i - 1), so that
+    # method none starts exactly where cs does (a control for cs; UViT's docstring); none: the release
+    skip_linear_skip_scale_init: str = "none"
 
 
 @dataclass
@@ -402,6 +405,7 @@ SAMPLER_NAMES = ("euler_maruyama", "ode_euler", "ddim", "dpm_solver", "dpm_solve
 METRIC_NAMES = ("fd-mnist", "fid")
 PREDICTION_NAMES = ("eps", "v", "x0", "edm")  # scalelong.diffusion.PREDICTIONS
 SKIP_LINEAR_INITS = ("release", "xavier")  # scalelong.models.uvit.SKIP_LINEAR_INITS
+SKIP_SCALE_INITS = ("none", "cs")  # scalelong.models.uvit.SKIP_SCALE_INITS
 TIME_SAMPLINGS = ("uniform", "logsnr_normal")  # scalelong.diffusion.TIME_SAMPLINGS
 LOSS_WEIGHTINGS = ("default", "min_snr")  # scalelong.diffusion.LOSS_WEIGHTINGS
 
@@ -447,6 +451,13 @@ def validate(cfg: Config) -> None:
         for key in ("img_size", "patch_size", "in_channels", "embed_dim", "num_heads"):
             _positive(f"model.uvit.{key}", getattr(u, key))
         _choice("model.uvit.skip_linear_init", u.skip_linear_init, SKIP_LINEAR_INITS)
+        _choice("model.uvit.skip_linear_skip_scale_init", u.skip_linear_skip_scale_init, SKIP_SCALE_INITS)
+        if u.skip_linear_skip_scale_init != "none" and m.skip.method != "none":
+            raise ScaleLongError(
+                f"model.uvit.skip_linear_skip_scale_init={u.skip_linear_skip_scale_init} moves cs's scaling "
+                f"into the skip_linear weights of method none; with model.skip.method={m.skip.method} the "
+                "skips would be scaled twice: set model.skip.method=none or the option to none"
+            )
         if u.depth < 2 or u.depth % 2:
             raise ScaleLongError(f"model.uvit.depth must be an even number >= 2, got {u.depth}")
         if u.img_size % u.patch_size:

@@ -312,6 +312,146 @@ def plot_stability_map(
     return _save(fig, path)
 
 
+# ------------------------------------------------------------ across seeds and depths (sweep)
+
+
+def seed_band(runs: Sequence[Records], key: str) -> tuple[list[int], list[float], list[float], list[float]]:
+    """``key`` across the runs (seeds) of one cell: ``(steps, mean, lo, hi)``, at every step any
+    run logged, of the runs' finite values there; ``lo``..``hi`` is their min..max. Non-finite
+    values are left out, so where a seed diverged its spread ends; a step no run has a finite
+    value at is NaN in all three (a gap in the line)."""
+    at: dict[int, list[float]] = {}
+    for records in runs:
+        for step, value in zip(*series(records, key), strict=True):
+            at.setdefault(step, []).append(value)
+    steps = sorted(at)
+    finite = [[v for v in at[s] if math.isfinite(v)] for s in steps]
+    mean = [sum(v) / len(v) if v else math.nan for v in finite]
+    return steps, mean, [min(v, default=math.nan) for v in finite], [max(v, default=math.nan) for v in finite]
+
+
+def _depth_order(depth: int | None) -> int:
+    return -1 if depth is None else depth
+
+
+def _seed_count(counts: Sequence[int]) -> str:
+    lo, hi = min(counts, default=0), max(counts, default=0)
+    return f"{lo} seed{'s' if hi > 1 else ''}" if lo == hi else f"{lo} to {hi} seeds"
+
+
+def fig1_by_depth_figure(
+    runs: Mapping[tuple[int | None, str], Sequence[Records]],
+    key: str = "feature_norm",
+    log: bool | None = None,
+    title: str = "",
+):
+    """The paper's Fig. 1 across depths, as a matplotlib Figure (not saved; :func:`plot_fig1_by_depth`
+    saves it). ``runs[(depth, method)]`` holds the records of each seed of that cell.
+
+    One panel per depth, shallow to deep, left to right, sharing the x-axis (step). In each
+    panel one line per method, in the order of ``runs`` and one colour per method in every
+    panel: the mean over its seeds of ``key`` (the hidden-feature norm, mean over blocks), with
+    the seeds' min..max as a band (:func:`seed_band`). ``log`` None: every panel on a log y-axis
+    when the values span decades (:func:`spans_decades`), so a blow-up does not flatten the rest.
+    """
+    depths = sorted({d for d, _ in runs}, key=_depth_order)
+    methods = list(dict.fromkeys(m for _, m in runs))
+    fig, axes = _figure(ncols=max(len(depths), 1), size=(4.6, 3.6))
+    panels = list(axes[0])
+    for ax in panels[1:]:  # before drawing, so the limits cover every panel
+        ax.sharex(panels[0])
+    values: list[float] = []
+    for ax, depth in zip(panels, depths, strict=False):
+        counts = []
+        for i, method in enumerate(methods):
+            steps, mean, lo, hi = seed_band(runs.get((depth, method), ()), key)
+            if not steps:
+                continue
+            counts.append(len(runs[depth, method]))
+            ax.fill_between(steps, lo, hi, color=f"C{i}", alpha=0.2, lw=0)
+            ax.plot(steps, mean, color=f"C{i}", label=method)
+            values += lo + hi
+        where = "" if depth is None else f"depth {depth}, "
+        ax.set_title(f"{where}{_seed_count(counts)}", fontsize=10)
+        ax.set_xlabel("step")
+        ax.grid(alpha=0.3)
+        if ax.lines:
+            ax.legend(fontsize=8)
+    panels[0].set_ylabel("norm of hidden features")
+    if spans_decades(values) if log is None else log and any(v > 0 and math.isfinite(v) for v in values):
+        for ax in panels:
+            ax.set_yscale("log")
+    if title:
+        fig.suptitle(title, fontsize=10)
+    return fig
+
+
+def plot_fig1_by_depth(
+    runs: Mapping[tuple[int | None, str], Sequence[Records]], path: str | Path, **kwargs
+) -> Path:
+    """:func:`fig1_by_depth_figure` saved as a PNG at ``path``."""
+    return _save(fig1_by_depth_figure(runs, **kwargs), path)
+
+
+# Decoder blocks as the diagnostics name them: U-ViT out_blocks.j, diffusers up_blocks.j, UNet up.j.
+_DECODER_NORM = re.compile(r"^block/((out_blocks|up_blocks|up)\.(\d+))/feature_norm$")
+
+
+def decoder_blocks(records: Records) -> list[str]:
+    """The decoder blocks with a logged feature norm (``out_blocks.0``, ...), in forward order."""
+    matches = (m for r in records for k in r if (m := _DECODER_NORM.match(k)))
+    found = {(m.group(2), int(m.group(3))): m.group(1) for m in matches}
+    return [found[k] for k in sorted(found)]
+
+
+def _block_label(name: str, count: int) -> str:
+    """``out_blocks.0 (skip 6)``: a U-ViT out-block merges skip ``count - j`` (LIFO; 1 = outermost)."""
+    kind, _, j = name.partition(".")
+    return f"{name} (skip {count - int(j)})" if kind == "out_blocks" else name
+
+
+def out_block_norm_figure(
+    runs_by_method: Mapping[str, Sequence[Records]], log: bool | None = None, title: str = ""
+):
+    """Where a blow-up sits, as a matplotlib Figure: one panel per method (of one depth), sharing
+    both axes; in each, the feature norm of every decoder block (a U-ViT's out-blocks) against
+    step, the mean over the method's seeds (:func:`seed_band`). The colour runs from the first
+    out-block (dark; it merges the innermost skip) to the last (bright; the outermost skip, next
+    to the output). ``log`` None: log y-axes when the norms span decades."""
+    methods = list(runs_by_method)
+    fig, axes = _figure(ncols=max(len(methods), 1), size=(3.8, 3.2))
+    from matplotlib import colormaps  # after _figure: it says which extra to install
+
+    panels, cmap, values = list(axes[0]), colormaps["viridis"], []
+    for ax in panels[1:]:  # before drawing, so the limits cover every panel
+        ax.sharex(panels[0])
+        ax.sharey(panels[0])
+    for ax, method in zip(panels, methods, strict=False):
+        seeds = runs_by_method[method]
+        blocks = decoder_blocks([r for records in seeds for r in records])
+        for j, name in enumerate(blocks):
+            steps, mean, _, _ = seed_band(seeds, f"block/{name}/feature_norm")
+            colour = cmap(0.9 * j / max(len(blocks) - 1, 1))
+            ax.plot(steps, mean, color=colour, label=_block_label(name, len(blocks)))
+            values += mean
+        ax.set_title(f"{method}, {_seed_count([len(seeds)])}", fontsize=10)
+        ax.set_xlabel("step")
+        ax.grid(alpha=0.3)
+    panels[0].set_ylabel("feature norm of the block")
+    if spans_decades(values) if log is None else log and any(v > 0 and math.isfinite(v) for v in values):
+        panels[0].set_yscale("log")  # shared: every panel follows
+    if panels[0].lines:
+        panels[0].legend(fontsize=7)
+    if title:
+        fig.suptitle(title, fontsize=10)
+    return fig
+
+
+def plot_out_block_norms(runs_by_method: Mapping[str, Sequence[Records]], path: str | Path, **kwargs) -> Path:
+    """:func:`out_block_norm_figure` saved as a PNG at ``path``."""
+    return _save(out_block_norm_figure(runs_by_method, **kwargs), path)
+
+
 def write_plots(
     records_by_method: Mapping[str, Records], out_dir: str | Path, fd_key: str = "fd"
 ) -> list[Path]:
@@ -350,5 +490,11 @@ __all__ = [
     "plot_noise_levels",
     "last_noise_levels",
     "plot_stability_map",
+    "seed_band",
+    "fig1_by_depth_figure",
+    "plot_fig1_by_depth",
+    "decoder_blocks",
+    "out_block_norm_figure",
+    "plot_out_block_norms",
     "write_plots",
 ]

@@ -49,7 +49,13 @@ from scalelong.config import (
     write_text_atomic,
 )
 from scalelong.errors import ScaleLongError
-from scalelong.plots import plot_stability_map
+from scalelong.plots import (
+    decoder_blocks,
+    plot_fig1_by_depth,
+    plot_out_block_norms,
+    plot_stability_map,
+    series,
+)
 from scalelong.runs import RunDir, config_differences
 from scalelong.skips import METHODS
 
@@ -295,14 +301,104 @@ def draw_map(cells: Sequence[CellSummary], path: Path, title: str, metric: str) 
     return plot_stability_map(values, notes, marked, methods, [f"{lr:g}" for lr in lrs], path, title, metric)
 
 
+def _same_lr(a: float, b: float) -> bool:
+    return math.isclose(a, b, rel_tol=1e-9)
+
+
+def check_fig1_lr(fig1_lr: float | None, lrs: Sequence[float]) -> None:
+    """Before any run: the Fig. 1 learning rate must be one the sweep trains."""
+    if fig1_lr is not None and not any(_same_lr(fig1_lr, lr) for lr in lrs):
+        swept = ",".join(f"{lr:g}" for lr in lrs)
+        raise ScaleLongError(f"--fig1-lr {fig1_lr:g} is not one of --lrs {swept}; choose one of them")
+
+
+def fig1_table(runs: Mapping[tuple[int | None, str], Sequence[StudyRun]]) -> str:
+    """Per method and depth: the last logged hidden-feature norm, mean ± 95% t-interval over seeds,
+    and its ratio to ``none``'s at that depth (when ``none`` ran): the gap the paper says grows
+    with depth, in numbers."""
+    depths = sorted({d for d, _ in runs}, key=lambda d: d or 0)
+    methods = sorted({m for _, m in runs}, key=_method_order)
+    last = {k: [_last(r.records, "feature_norm") for r in rs] for k, rs in runs.items()}
+    head = [f"depth {d}" if d is not None else "all" for d in depths]
+    lines = ["| method | " + " | ".join(head) + " |", "|---" * (len(head) + 1) + "|"]
+    for m in methods:
+        row = []
+        for d in depths:
+            if (d, m) not in last:
+                row.append("")
+                continue
+            mean, ref = mean_ci(last[d, m])[0], mean_ci(last.get((d, "none"), []))[0]
+            ratio = f" ({mean / ref:.2g}x none)" if m != "none" and ref > 0 and math.isfinite(mean) else ""
+            row.append(fmt_ci(last[d, m]) + ratio)
+        lines.append(f"| {m} | " + " | ".join(row) + " |")
+    return "\n".join(lines)
+
+
+def fig1_section(
+    runs: Mapping[Cell, Sequence[StudyRun]], sweep_dir: Path, fig1_lr: float | None = None
+) -> list[str]:
+    """The report's picture of the paper's Fig. 1 at one learning rate (``fig1_lr``; None: the
+    smallest of the map): the hidden-feature norm against step, one panel per depth, one line
+    per method (:func:`scalelong.plots.plot_fig1_by_depth`), its last values in a table, and per
+    depth the norm of every out-block, one panel per method, to locate a blow-up."""
+    heading = "## Fig. 1: hidden-feature norm by depth"
+    lrs = sorted({c.lr for c in runs})
+    lr = lrs[0] if fig1_lr is None and lrs else fig1_lr
+    chosen: dict[tuple[int | None, str], list[StudyRun]] = {}  # (depth, method) -> its seeds' runs
+    for c, rs in sorted(runs.items(), key=lambda kv: (kv[0].depth or 0, _method_order(kv[0].method))):
+        logged = [r for r in rs if r.records]
+        if lr is not None and _same_lr(c.lr, lr) and logged:
+            chosen[c.depth, c.method] = logged
+    if not chosen:
+        return [heading, f"No finished run at lr {lr:g} to draw." if lr is not None else "No finished run."]
+    if not any(series(r.records, "feature_norm")[0] for rs in chosen.values() for r in rs):
+        return [heading, "The runs logged no hidden-feature norm: set diagnostics.every > 0 to draw it."]
+    which = "the smallest of the map" if fig1_lr is None else "chosen for this figure"
+    png = plot_fig1_by_depth({k: [r.records for r in rs] for k, rs in chosen.items()}, sweep_dir / "fig1.png")
+    parts = [
+        heading,
+        f"As in the paper's Fig. 1, at lr {lr:g} ({which}): the norm of the hidden features (mean over "
+        "the blocks) against step, one panel per depth, one line per method. The line is the mean over "
+        "the method's seeds and the band spans the seeds' **min..max** (their spread, not a confidence "
+        "interval); non-finite values are left out, so a diverged seed's values end where it broke. A "
+        "log y-axis means the norms span more than two decades. The paper: without scaling (`none`) "
+        "the norm grows during training, the more so the deeper the network; scaled long skips keep "
+        "it down.",
+        f"![Fig. 1 at lr {lr:g}]({png.name})",
+        "The last logged hidden-feature norm (mean over seeds ± the half-width of a 95% t-interval; "
+        "in brackets the ratio to `none` at the same depth):",
+        fig1_table(chosen),
+    ]
+    views = []
+    for depth in sorted({d for d, _ in chosen}, key=lambda d: d or 0):
+        mine = {m: [r.records for r in rs] for (d, m), rs in chosen.items() if d == depth}
+        if not decoder_blocks([rec for rr in mine.values() for recs in rr for rec in recs]):
+            continue
+        label = "all cells" if depth is None else f"depth {depth}"
+        name = "out_blocks.png" if depth is None else f"out_blocks_d{depth}.png"
+        png = plot_out_block_norms(mine, sweep_dir / name, title=f"{label}, lr {lr:g}")
+        views.append(f"![out-block feature norms, {label}, lr {lr:g}]({png.name})")
+    if views:
+        parts += [
+            "### Where it grows: the out-blocks",
+            "Per depth, the feature norm of each out-block against step (mean over seeds), one panel per "
+            "method on shared axes; the colour runs from the first out-block (dark, merging the innermost "
+            "skip) to the last (bright, merging skip 1, next to the output).",
+            *views,
+        ]
+    return parts
+
+
 def write_sweep_report(
     base: Config,
     runs: Mapping[Cell, Sequence[StudyRun]],
     sweep_dir: Path,
     failed: Sequence[StudyRun] = (),
     rule: DivergenceRule = DEFAULT_RULE,
+    fig1_lr: float | None = None,
 ) -> tuple[Path, str]:
-    """report.md, one heatmap per depth and report.html in ``sweep_dir``; returns the path of
+    """report.md, one heatmap per depth, the paper's Fig. 1 by depth at ``fig1_lr`` (None: the
+    smallest lr; :func:`fig1_section`) and report.html in ``sweep_dir``; returns the path of
     report.md and the stability tables (markdown)."""
     sweep_dir.mkdir(parents=True, exist_ok=True)
     key, metric = ("fd", f"FD ({base.eval.metric})") if base.eval.every > 0 else ("loss", "loss")
@@ -333,6 +429,7 @@ def write_sweep_report(
         table = stability_table(mine, metric)
         tables.append((f"{label}:\n\n" if label else "") + table)
         parts += [f"## {label or 'All cells'}", f"![{png.stem}]({png.name})", table, cell_table(mine, metric)]
+    parts += fig1_section(runs, sweep_dir, fig1_lr)
     broken = broken_runs([r for rs in runs.values() for r in rs] + list(failed))
     if broken:
         parts += ["## Runs that diverged or failed", "\n".join(broken)]
@@ -352,10 +449,13 @@ def run_sweep(
     progress: bool = True,
     train_kwargs: Mapping | None = None,
     rule: DivergenceRule = DEFAULT_RULE,
+    fig1_lr: float | None = None,
 ) -> StudyResult:
     """Train every cell's seeds (reusing finished runs; ``jobs`` at a time), then write the map
     of every finished run of this config in ``sweep_dir``. A diverged run is a result; a run
-    that fails is reported and left out."""
+    that fails is reported and left out. ``fig1_lr``: the lr of the report's Fig. 1 (one of
+    ``lrs``; None: the smallest)."""
+    check_fig1_lr(fig1_lr, lrs)
     runs_dir = sweep_dir / "runs"
     cfgs = plan(base, methods, lrs, depths, seeds, runs_dir)
     outcomes = run_all(cfgs, jobs, progress, train_kwargs)
@@ -364,5 +464,17 @@ def run_sweep(
         for c, o in zip(cfgs, outcomes, strict=True)
         if o.status == "failed"
     ]
-    report, tables = write_sweep_report(base, collect(base, runs_dir, rule), sweep_dir, failed, rule)
+    report, tables = write_sweep_report(base, collect(base, runs_dir, rule), sweep_dir, failed, rule, fig1_lr)
     return StudyResult(report, tables, outcomes)
+
+
+def report_sweep(
+    base: Config, sweep_dir: Path, rule: DivergenceRule = DEFAULT_RULE, fig1_lr: float | None = None
+) -> Path:
+    """Write the report of every finished run of ``base`` in ``sweep_dir`` without training:
+    after a sweep that was cut short (a time limit, a crash), the map of what finished. Returns
+    the path of report.md."""
+    runs = collect(base, sweep_dir / "runs", rule)
+    if not runs:
+        raise ScaleLongError(f"{sweep_dir / 'runs'} holds no finished run of this config: nothing to report")
+    return write_sweep_report(base, runs, sweep_dir, rule=rule, fig1_lr=fig1_lr)[0]

@@ -16,9 +16,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from scalelong.skips import DEFAULT_KAPPA, SkipScaling
+from scalelong.skips import DEFAULT_KAPPA, SkipScaling, skip_coefficients
 
 SKIP_LINEAR_INITS = ("release", "xavier")
+SKIP_SCALE_INITS = ("none", "cs")
 
 
 def timestep_embedding(t: torch.Tensor, dim: int, max_period: float = 10000.0) -> torch.Tensor:
@@ -127,6 +128,19 @@ class UViT(nn.Module):
             D = 512, 0.23 at D = 64), so in a narrow model the gradient reaching the inner blocks
             shrinks geometrically with depth. ``xavier``: Glorot-uniform, which keeps the scale
             near 1 at any width.
+        skip_linear_skip_scale_init: ``cs`` multiplies, at initialisation, the skip half of each
+            out-block's ``skip_linear`` weight (the columns that act on the skip in
+            ``cat([x, skip])``) by the coefficient ``cs`` gives that skip, ``kappa ** (i - 1)``;
+            only with ``skip_method="none"``. At initialisation the model then computes what
+            ``cs`` computes (``W (c s) = (c W) s``: bit for bit when kappa is a power of two, else
+            up to rounding), with the same parameters and names, but the scale lives in the
+            weights. Under AdamW the two then part: ``cs`` scales that weight's gradient by ``c``,
+            which Adam normalises away, so under ``cs`` the skip half's effect on the output
+            (``c W``) moves ``c`` times more slowly (up to Adam's epsilon and the global gradient
+            clipping, which sees the smaller gradient). A study that trains ``none`` with this
+            option against ``cs`` separates the two parts of CS: a smaller start, and slower
+            learning of the skip path. ``none``: the init of ``skip_linear_init`` alone (the
+            release).
         mlp_time_embed: pass the sinusoidal time embedding through the release's
             Linear(D, 4D) -> SiLU -> Linear(4D, D) (``time_embed.0``, ``time_embed.2``);
             False (the release's configs) uses the sinusoid itself as the time token.
@@ -152,6 +166,7 @@ class UViT(nn.Module):
         mlp_time_embed: bool = False,
         mlp_conv: bool = False,
         skip_linear_init: str = "release",
+        skip_linear_skip_scale_init: str = "none",
         skip_method: str = "none",
         kappa: float = DEFAULT_KAPPA["uvit"],
         ls_reduction: int = 16,
@@ -191,10 +206,28 @@ class UViT(nn.Module):
         if skip_linear_init == "xavier":
             for blk in self.out_blocks:
                 nn.init.xavier_uniform_(blk.skip_linear.weight)
+        self._scale_skip_columns(skip_linear_skip_scale_init, skip_method, kappa)
         # Created after the init above: the LS gates keep PyTorch's default init (coefficients ~0.5).
         self.skip_scaling = SkipScaling(
             skip_method, depth // 2, kappa, num_tokens=self.num_tokens, reduction=ls_reduction
         )
+
+    @torch.no_grad()
+    def _scale_skip_columns(self, init: str, skip_method: str, kappa: float) -> None:
+        """``skip_linear_skip_scale_init``: cs's coefficients moved into the skip half of the weights."""
+        if init not in SKIP_SCALE_INITS:
+            raise ValueError(f"skip_linear_skip_scale_init={init!r}; choose one of {SKIP_SCALE_INITS}")
+        if init == "none":
+            return
+        if skip_method != "none":
+            raise ValueError(
+                f"skip_linear_skip_scale_init={init!r} stands in for cs under skip_method='none'; "
+                f"with skip_method={skip_method!r} the skips would be scaled twice"
+            )
+        coefficients = skip_coefficients("cs", len(self.out_blocks), kappa)  # skip 1 (outermost) first
+        for j, blk in enumerate(self.out_blocks):
+            index = len(self.out_blocks) - j  # LIFO: out_blocks[0] merges the innermost skip
+            blk.skip_linear.weight[:, self.embed_dim :] *= coefficients[index - 1]  # (D, 2D): [x | skip]
 
     @property
     def num_skips(self) -> int:
