@@ -96,11 +96,26 @@ RESUME_FREE_KEYS = (
 )
 
 
+def with_defaults(stored: dict) -> dict:
+    """A stored config with every key the current :class:`Config` has filled in with its default;
+    ``stored`` itself when it is not a valid config of this version (a removed key, a bad value)."""
+    try:
+        return config_to_dict(config_from_dict(stored))
+    except ScaleLongError:
+        return stored
+
+
 def config_differences(
     old: dict, new: dict, prefix: str = "", free: tuple[str, ...] = RESUME_FREE_KEYS
 ) -> list[str]:
     """``key: old -> new`` for every dotted key that differs, except the ``free`` ones (keys, or
-    prefixes ending in a dot; by default :data:`RESUME_FREE_KEYS`)."""
+    prefixes ending in a dot; by default :data:`RESUME_FREE_KEYS`).
+
+    ``old`` is a stored config: a key added to the config since it was written reads as its default
+    (every new key defaults to the behaviour before it), so a run stays resumable and reusable.
+    """
+    if not prefix:
+        old = with_defaults(old)
     out = []
     for key in sorted(set(old) | set(new)):
         dotted = f"{prefix}{key}"
