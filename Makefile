@@ -33,8 +33,8 @@ bench: setup
 	$(BIN)/python -m benchmarks
 
 lint: setup
-	$(BIN)/ruff check src tests benchmarks
-	$(BIN)/ruff format --check src tests benchmarks
+	$(BIN)/ruff check src tests benchmarks examples
+	$(BIN)/ruff format --check src tests benchmarks examples
 
 clean:
 	rm -rf $(VENV) runs
