@@ -103,6 +103,44 @@ def run_unidiffuser(model: nn.Module) -> torch.Tensor:
     return torch.cat([o.flatten(1) for o in outs], dim=1)
 
 
+# ----------------------------------------------------------------------------- diffusers UNets
+
+
+def unet2d() -> nn.Module:
+    """A toy diffusers UNet2DModel: 16x16 grey images, two levels, 5 skips."""
+    import diffusers
+
+    return diffusers.UNet2DModel(
+        sample_size=16,
+        in_channels=1,
+        out_channels=1,
+        block_out_channels=(16, 32),
+        layers_per_block=1,
+        down_block_types=("DownBlock2D", "AttnDownBlock2D"),
+        up_block_types=("AttnUpBlock2D", "UpBlock2D"),
+        norm_num_groups=8,
+        attention_head_dim=8,
+    )
+
+
+def unet2d_condition() -> nn.Module:
+    """A toy diffusers UNet2DConditionModel with cross-attention on 8-wide context tokens."""
+    import diffusers
+
+    return diffusers.UNet2DConditionModel(
+        sample_size=16,
+        in_channels=1,
+        out_channels=1,
+        block_out_channels=(16, 32),
+        layers_per_block=1,
+        down_block_types=("CrossAttnDownBlock2D", "DownBlock2D"),
+        up_block_types=("UpBlock2D", "CrossAttnUpBlock2D"),
+        cross_attention_dim=8,
+        attention_head_dim=4,
+        norm_num_groups=8,
+    )
+
+
 # ----------------------------------------------------------------------------- denoising-diffusion-pytorch
 
 

@@ -20,6 +20,7 @@ from torch import nn
 diffusers = pytest.importorskip("diffusers")
 
 import scalelong  # noqa: E402
+from adapter_fixtures import unet2d, unet2d_condition  # noqa: E402
 from scalelong import Diagnostics, RunLog, robustness  # noqa: E402
 from scalelong.adapters import DiffusersUNet2D, apply_scalelong, remove_scalelong  # noqa: E402
 from scalelong.cli import main  # noqa: E402
@@ -34,35 +35,6 @@ DIFFUSERS_BLOCKS = ["down_blocks.0", "down_blocks.1", "mid_block", "up_blocks.0"
 UVIT_BLOCKS = ["in_blocks.0", "in_blocks.1", "mid_block", "out_blocks.0", "out_blocks.1"]
 UNET_BLOCKS = [f"down.{i}" for i in range(3)] + ["mid.0", "mid.1"] + [f"up.{i}" for i in range(5)]
 KAPPA = 0.8
-
-
-def unet2d() -> nn.Module:
-    return diffusers.UNet2DModel(
-        sample_size=16,
-        in_channels=1,
-        out_channels=1,
-        block_out_channels=(16, 32),
-        layers_per_block=1,
-        down_block_types=("DownBlock2D", "AttnDownBlock2D"),
-        up_block_types=("AttnUpBlock2D", "UpBlock2D"),
-        norm_num_groups=8,
-        attention_head_dim=8,
-    )
-
-
-def unet2d_condition() -> nn.Module:
-    return diffusers.UNet2DConditionModel(
-        sample_size=16,
-        in_channels=1,
-        out_channels=1,
-        block_out_channels=(16, 32),
-        layers_per_block=1,
-        down_block_types=("CrossAttnDownBlock2D", "DownBlock2D"),
-        up_block_types=("UpBlock2D", "CrossAttnUpBlock2D"),
-        cross_attention_dim=8,
-        attention_head_dim=4,
-        norm_num_groups=8,
-    )
 
 
 class TextToImage(nn.Module):

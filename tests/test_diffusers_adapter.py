@@ -7,38 +7,19 @@ from torch import nn
 
 diffusers = pytest.importorskip("diffusers")
 
+from adapter_fixtures import unet2d as toy_unet2d  # noqa: E402
+from adapter_fixtures import unet2d_condition as toy_unet2d_condition  # noqa: E402
 from scalelong.adapters import apply_scalelong, load_scalelong, remove_scalelong, save_scalelong  # noqa: E402
 from scalelong.adapters.diffusers import skip_layout  # noqa: E402
 from scalelong.errors import ScaleLongError  # noqa: E402
 
 
 def unet2d() -> nn.Module:
-    return diffusers.UNet2DModel(
-        sample_size=16,
-        in_channels=1,
-        out_channels=1,
-        block_out_channels=(16, 32),
-        layers_per_block=1,
-        down_block_types=("DownBlock2D", "AttnDownBlock2D"),
-        up_block_types=("AttnUpBlock2D", "UpBlock2D"),
-        norm_num_groups=8,
-        attention_head_dim=8,
-    ).eval()
+    return toy_unet2d().eval()
 
 
 def unet2d_condition() -> nn.Module:
-    return diffusers.UNet2DConditionModel(
-        sample_size=16,
-        in_channels=1,
-        out_channels=1,
-        block_out_channels=(16, 32),
-        layers_per_block=1,
-        down_block_types=("CrossAttnDownBlock2D", "DownBlock2D"),
-        up_block_types=("UpBlock2D", "CrossAttnUpBlock2D"),
-        cross_attention_dim=8,
-        attention_head_dim=4,
-        norm_num_groups=8,
-    ).eval()
+    return toy_unet2d_condition().eval()
 
 
 MODELS = {"UNet2DModel": unet2d, "UNet2DConditionModel": unet2d_condition}
