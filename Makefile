@@ -23,7 +23,7 @@ setup: $(VENV)/.installed
 
 demo: setup
 	@start=$$(date +%s); \
-	$(BIN)/scalelong compare configs/demo.yaml --methods none,sqrt2,cs,ls --jobs 2 --steps 700 eval.every=100; status=$$?; \
+	$(BIN)/scalelong compare demo --methods none,cs,ls --steps 2100 eval.every=700 eval.num_samples=1000 eval.steps=10; status=$$?; \
 	echo "make demo: $$(( $$(date +%s) - start )) s elapsed"; exit $$status
 
 test: setup
