@@ -123,6 +123,19 @@ def unet2d() -> nn.Module:
     )
 
 
+# The same toy UNet2DModel as `scalelong train` overrides (model.type=diffusers_unet2d, method ls).
+TOY_DIFFUSERS_OVERRIDES = [
+    "model.type=diffusers_unet2d",
+    "model.skip.method=ls",
+    "model.diffusers_unet2d.in_channels=1",
+    "model.diffusers_unet2d.block_out_channels=[16,32]",
+    "model.diffusers_unet2d.layers_per_block=1",
+    "model.diffusers_unet2d.down_block_types=[DownBlock2D,AttnDownBlock2D]",
+    "model.diffusers_unet2d.up_block_types=[AttnUpBlock2D,UpBlock2D]",
+    "model.diffusers_unet2d.norm_num_groups=8",
+]
+
+
 def unet2d_condition() -> nn.Module:
     """A toy diffusers UNet2DConditionModel with cross-attention on 8-wide context tokens."""
     import diffusers

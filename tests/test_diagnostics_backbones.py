@@ -20,7 +20,7 @@ from torch import nn
 diffusers = pytest.importorskip("diffusers")
 
 import scalelong  # noqa: E402
-from adapter_fixtures import unet2d, unet2d_condition  # noqa: E402
+from adapter_fixtures import TOY_DIFFUSERS_OVERRIDES, unet2d, unet2d_condition  # noqa: E402
 from scalelong import Diagnostics, RunLog, robustness  # noqa: E402
 from scalelong.adapters import DiffusersUNet2D, apply_scalelong, remove_scalelong  # noqa: E402
 from scalelong.cli import main  # noqa: E402
@@ -196,14 +196,7 @@ def test_the_public_names_import_lazily():
 # ---------------------------------------------------------------------- scalelong train on diffusers
 
 TOY_DIFFUSERS = [
-    "model.type=diffusers_unet2d",
-    "model.skip.method=ls",
-    "model.diffusers_unet2d.in_channels=1",
-    "model.diffusers_unet2d.block_out_channels=[16,32]",
-    "model.diffusers_unet2d.layers_per_block=1",
-    "model.diffusers_unet2d.down_block_types=[DownBlock2D,AttnDownBlock2D]",
-    "model.diffusers_unet2d.up_block_types=[AttnUpBlock2D,UpBlock2D]",
-    "model.diffusers_unet2d.norm_num_groups=8",
+    *TOY_DIFFUSERS_OVERRIDES,
     "train.steps=4",
     "train.batch_size=8",
     "train.log_every=2",

@@ -7,6 +7,7 @@ from torch import nn
 
 diffusers = pytest.importorskip("diffusers")
 
+from adapter_fixtures import TOY_DIFFUSERS_OVERRIDES  # noqa: E402
 from adapter_fixtures import unet2d as toy_unet2d  # noqa: E402
 from adapter_fixtures import unet2d_condition as toy_unet2d_condition  # noqa: E402
 from scalelong.adapters import apply_scalelong, load_scalelong, remove_scalelong, save_scalelong  # noqa: E402
@@ -188,14 +189,7 @@ def test_train_diffusers_unet2d_from_config(tmp_path):
     overrides = [
         f"out_dir={tmp_path}",
         "name=diffusers",
-        "model.type=diffusers_unet2d",
-        "model.skip.method=ls",
-        "model.diffusers_unet2d.in_channels=1",
-        "model.diffusers_unet2d.block_out_channels=[16,32]",
-        "model.diffusers_unet2d.layers_per_block=1",
-        "model.diffusers_unet2d.down_block_types=[DownBlock2D,AttnDownBlock2D]",
-        "model.diffusers_unet2d.up_block_types=[AttnUpBlock2D,UpBlock2D]",
-        "model.diffusers_unet2d.norm_num_groups=8",
+        *TOY_DIFFUSERS_OVERRIDES,
         "train.steps=3",
         "train.batch_size=8",
         "train.log_every=1",
