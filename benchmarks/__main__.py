@@ -47,6 +47,7 @@ REGISTRY = {
         "adapter_overhead", "apply_scalelong on diffusers UNet2DModel", device_flag=False
     ),
     "fast_paths": Bench("fast_paths", "channels_last, bf16 autocast, torch.compile"),
+    "bf16_widths": Bench("bf16_widths", "bf16 autocast vs fp32 per U-ViT width", default=False),
     "throughput": Bench("throughput", "img/s and peak memory of the shipped configs"),
     "loader_vs_step": Bench("loader_vs_step", "CIFAR-10 loader vs training step", device_flag=False),
     "sampling_throughput": Bench(
@@ -222,6 +223,13 @@ DECISIONS = {
 }
 
 
+BF16_DECISIONS = {
+    "bf16 faster": "use `train.mixed_precision=bf16` at this width",
+    "fp32 faster": "keep fp32 at this width",
+    "tie": "either: within 5%",
+}
+
+
 def fast_path_section(quick: bool) -> list[str]:
     rows = []
     r, mode = load("fast_paths", quick)
@@ -230,6 +238,18 @@ def fast_path_section(quick: bool) -> list[str]:
             cand = list(x["ratio"])[1]
             note = f"; compile {x['compile_s']:.0f} s" if "compile_s" in x else ""
             rows.append([case, f"{x['ratio'][cand]:.3f}", DECISIONS.get(case, "") + note, mode])
+    w, mode = load("bf16_widths", quick)
+    if w is not None:
+        for width, x in w["results"].items():
+            rows.append(
+                [
+                    f"U-ViT width {width} bf16 autocast "
+                    f"(depth 12, batch {w['batch']}, {w['threads']} thread(s))",
+                    f"{x['ratio']:.3f}",
+                    BF16_DECISIONS[x["verdict"]],
+                    mode,
+                ]
+            )
     m, mode = load("method_overhead", quick)
     if m is not None and "cs, fused" in m["results"].get("U-ViT", {}).get("ratio", {}):
         ratio = m["results"]["U-ViT"]["ratio"]
@@ -247,6 +267,9 @@ def fast_path_section(quick: bool) -> list[str]:
         "**Fast paths** (step-time ratio fast / plain, interleaved; below 1 is faster).",
         "",
         markdown_table(["path", "ratio", "decision", "mode"], rows),
+        "",
+        "bf16 per width: `python -m benchmarks.bf16_widths` (batch 32, 2 threads; the answer flips with "
+        "the width on a CPU with bf16 matrix units, so measure at the width of the run at hand).",
     ]
 
 

@@ -10,12 +10,9 @@ A path is worth keeping where its ratio is clearly below 1 (beyond the noise flo
 
     python -m benchmarks.fast_paths            # U-ViT-S/2 and the DDPM UNet, batch 8, compile both
     python -m benchmarks.fast_paths --quick    # small models, compile only the U-ViT
-    python -m benchmarks.fast_paths --threads 2 --batch 32 --no-compile --bf16-widths 64,128,256,512
-                                               # bf16 / fp32 of the U-ViT (depth 12, patch 4) per width
 
-On a CPU with bf16 matrix units the answer flips with the width: small matrices pay autocast's
-casts, large ones gain the faster kernels, so the bf16 case is worth measuring at the width of
-the run at hand.
+On a CPU with bf16 matrix units the bf16 answer flips with the width; ``benchmarks.bf16_widths``
+times it per U-ViT width.
 """
 
 from __future__ import annotations
@@ -36,13 +33,6 @@ from benchmarks.harness import (
     write_result,
 )
 from benchmarks.method_overhead import unet, uvit
-from scalelong.models import UViT
-
-
-def uvit_of_width(width: int) -> UViT:
-    """U-ViT at CIFAR shape (patch 4, 65 tokens), depth 12 (6 skips), heads of 64 channels."""
-    torch.manual_seed(0)
-    return UViT(32, 4, 3, width, 12, max(1, width // 64), skip_method="cs")
 
 
 def compare(fns: dict, repeats: int, device: torch.device) -> dict:
@@ -70,11 +60,6 @@ def main(argv: list[str] | None = None) -> None:
     add_common_args(p)
     p.add_argument("--batch", type=int, default=8)
     p.add_argument("--no-compile", action="store_true", help="skip the torch.compile cases")
-    p.add_argument(
-        "--bf16-widths",
-        default="",
-        help="comma-separated U-ViT widths: time bf16 autocast against fp32 at each (depth 12, patch 4)",
-    )
     args = p.parse_args(argv)
     device = setup(args)
     repeats = args.repeats or (7 if args.quick else 5)
@@ -101,17 +86,6 @@ def main(argv: list[str] | None = None) -> None:
             device,
         )
         print(name, "bf16 / fp32:", f"{res[f'{name} bf16 autocast']['ratio']['bf16']:.3f}", flush=True)
-    for width in (int(w) for w in args.bf16_widths.split(",") if w):
-        case = f"U-ViT width {width} bf16 autocast"
-        res[case] = compare(
-            {
-                "fp32": training_step(uvit_of_width(width), args.batch, device=device),
-                "bf16": training_step(uvit_of_width(width), args.batch, device=device, amp=low),
-            },
-            repeats,
-            device,
-        )
-        print(case, "bf16 / fp32:", f"{res[case]['ratio']['bf16']:.3f}", flush=True)
     if not args.no_compile:
         for name, build in (("U-ViT", uvit), ("UNet", unet))[: 1 if args.quick else 2]:
             res[f"{name} torch.compile"] = compile_case(build, "cs", args, device, repeats)

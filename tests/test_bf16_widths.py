@@ -1,0 +1,32 @@
+"""benchmarks/bf16_widths: one row per width reaches the fast-path table, with its verdict.
+
+No timing assertions: the step times here are whatever the machine gives; what is checked is
+that the ratio is the quotient of the two medians and that the summary quotes every width."""
+
+import json
+
+import benchmarks.__main__ as bench
+import benchmarks.harness as harness
+import pytest
+from benchmarks import bf16_widths
+
+
+@pytest.mark.parametrize(("ratio", "word"), [(0.51, "bf16 faster"), (1.99, "fp32 faster"), (1.03, "tie")])
+def test_verdict_reads_the_ratio(ratio, word):
+    assert bf16_widths.verdict(ratio) == word
+
+
+def test_every_width_lands_in_the_fast_path_table(tmp_path, monkeypatch):
+    monkeypatch.setattr(harness, "RESULTS", tmp_path)
+    monkeypatch.setattr(bench, "RESULTS", tmp_path)
+    bf16_widths.main(["--widths", "64,128", "--batch", "2", "--repeats", "1", "--threads", "1"])
+    result = json.loads((tmp_path / "bf16_widths.json").read_text())
+    assert result["batch"] == 2 and list(result["results"]) == ["64", "128"]
+    for r in result["results"].values():
+        assert r["ratio"] == pytest.approx(r["median_s"]["bf16"] / r["median_s"]["fp32"])
+        assert r["verdict"] == bf16_widths.verdict(r["ratio"])
+    table = "\n".join(bench.fast_path_section(quick=False))
+    for width in ("64", "128"):
+        row = next(line for line in table.splitlines() if f"U-ViT width {width} bf16" in line)
+        assert f"{result['results'][width]['ratio']:.3f}" in row and "batch 2, 1 thread(s)" in row
+    assert "python -m benchmarks.bf16_widths" in table
