@@ -196,3 +196,26 @@ def test_a_sweep_report_embeds_fig1_by_depth_and_the_out_block_views(tmp_path, c
     assert (folder / "fig1.png").is_file()
     report_sweep(base, folder, fig1_lr=3e-2)
     assert "No finished run at lr 0.03 to draw." in (folder / "report.md").read_text()
+
+
+def test_the_gap_table_gives_the_ratio_the_counts_and_the_difference_with_their_intervals():
+    from scalelong.compare import Divergence
+    from scalelong.sweep import CellSummary, gap_table
+
+    broke = [Divergence("nonfinite", 100, "x")]
+    none = CellSummary(Cell(12, 0.01, "none"), [0.30, 0.32, 0.34], [], [], [broke, [], []])
+    cs = CellSummary(Cell(12, 0.01, "cs"), [0.20, 0.22, 0.24], [], [], [[], [], []])
+    alone = CellSummary(Cell(24, 0.01, "cs"), [0.2, 0.2], [], [], [[], []])  # no none at depth 24: no row
+    norms = {none.cell: [400.0, 800.0, 1600.0], cs.cell: [100.0, 200.0, 400.0], alone.cell: [1.0, 2.0]}
+    table = gap_table([none, cs, alone], norms, "loss").splitlines()
+    assert len(table) == 3  # header, rule, one row
+    cells = [c.strip() for c in table[2].strip("|").split("|")]
+    assert cells[:3] == ["12", "0.01", "cs"]
+    # geometric means 800 and 200: ratio 0.25; both log-samples have sd ln 2, so the Welch interval is
+    # exp(+-t(0.975, 4) * ln2 * sqrt(2/3))
+    half = 2.7764451051977987 * math.log(2) * math.sqrt(2 / 3)
+    assert cells[3] == f"0.25 ({0.25 * math.exp(-half):.2f} to {0.25 * math.exp(half):.2f})"
+    assert cells[4] == "0/3 vs 1/3 (p 1)"
+    d = 2.7764451051977987 * 0.02 * math.sqrt(2 / 3)
+    assert cells[5] == f"-0.1 ({-0.1 - d:+.2g} to {-0.1 + d:+.2g})"
+    assert gap_table([cs, alone], norms, "loss") == ""  # nothing to compare against

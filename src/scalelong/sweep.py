@@ -13,9 +13,12 @@ from __future__ import annotations
 import copy
 import json
 import math
+import statistics
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+
+import scipy.stats
 
 from scalelong.compare import (
     DEFAULT_RULE,
@@ -334,6 +337,51 @@ def fig1_table(runs: Mapping[tuple[int | None, str], Sequence[StudyRun]]) -> str
     return "\n".join(lines)
 
 
+def _welch(a: Sequence[float], b: Sequence[float], log: bool = False) -> tuple[float, float, float] | None:
+    """Mean difference a - b (of logs when ``log``) and its 95% Welch interval; None under 2 finite
+    values a side."""
+    xs, ys = (
+        [math.log(v) if log else v for v in vs if math.isfinite(v) and (v > 0 or not log)] for vs in (a, b)
+    )
+    if len(xs) < 2 or len(ys) < 2:
+        return None
+    ci = scipy.stats.ttest_ind(xs, ys, equal_var=False).confidence_interval(0.95)
+    return statistics.fmean(xs) - statistics.fmean(ys), float(ci.low), float(ci.high)
+
+
+def gap_table(cells: Sequence[CellSummary], norms: Mapping[Cell, Sequence[float]], metric: str) -> str:
+    """Per depth, each method against ``none`` at the same lr: the ratio of the last hidden-feature
+    norms (geometric means, 95% Welch interval on the logs), the divergence counts (two-sided
+    Fisher exact p), and the final ``metric`` difference (95% Welch interval). The paper's claim,
+    read across the rows: the gap grows with depth."""
+    by = {c.cell: c for c in cells}
+    lines = [
+        "| depth | lr | method | feature norm / none (95% CI) | diverged vs none (Fisher p) "
+        f"| final {metric} - none (95% CI) |",
+        "|---|---|---|---|---|---|",
+    ]
+    for c in sorted(cells, key=lambda c: (c.cell.depth or 0, c.cell.lr, _method_order(c.cell.method))):
+        ref = by.get(Cell(c.cell.depth, c.cell.lr, "none"))
+        if c.cell.method == "none" or ref is None:
+            continue
+        ratio = _welch(norms.get(c.cell, []), norms.get(ref.cell, []), log=True)
+        diff = _welch(c.final, ref.final)
+        table = [[c.diverged, c.seeds - c.diverged], [ref.diverged, ref.seeds - ref.diverged]]
+        p = scipy.stats.fisher_exact(table).pvalue
+        lines.append(
+            f"| {c.cell.depth if c.cell.depth is not None else ''} | {c.cell.lr:g} | {c.cell.method} | "
+            + (
+                f"{math.exp(ratio[0]):.2f} ({math.exp(ratio[1]):.2f} to {math.exp(ratio[2]):.2f})"
+                if ratio
+                else "n/a"
+            )
+            + f" | {c.diverged}/{c.seeds} vs {ref.diverged}/{ref.seeds} (p {p:.2g}) | "
+            + (f"{diff[0]:+.3g} ({diff[1]:+.2g} to {diff[2]:+.2g})" if diff else "n/a")
+            + " |"
+        )
+    return "\n".join(lines) if len(lines) > 2 else ""
+
+
 def fig1_section(
     runs: Mapping[Cell, Sequence[StudyRun]], sweep_dir: Path, fig1_lr: float | None = None
 ) -> list[str]:
@@ -429,6 +477,18 @@ def write_sweep_report(
         table = stability_table(mine, metric)
         tables.append((f"{label}:\n\n" if label else "") + table)
         parts += [f"## {label or 'All cells'}", f"![{png.stem}]({png.name})", table, cell_table(mine, metric)]
+    norms = {cell: [_last(r.records, "feature_norm") for r in rs] for cell, rs in runs.items()}
+    gaps = gap_table(cells, norms, metric)
+    if gaps:
+        parts += [
+            "## The gap to `none`, by depth",
+            "Each method against `none` in the same depth and lr. The paper says the gap grows with "
+            "depth: a feature-norm ratio further below 1, fewer divergences, a lower final "
+            f"{metric} in the deeper rows. The last logged hidden-feature norm of each seed enters "
+            "as a geometric mean; an interval that spans 1 (ratio) or 0 (difference) is no "
+            "evidence of a gap.",
+            gaps,
+        ]
     parts += fig1_section(runs, sweep_dir, fig1_lr)
     broken = broken_runs([r for rs in runs.values() for r in rs] + list(failed))
     if broken:
