@@ -240,10 +240,11 @@ def fast_path_section(quick: bool) -> list[str]:
             rows.append([case, f"{x['ratio'][cand]:.3f}", DECISIONS.get(case, "") + note, mode])
     w, mode = load("bf16_widths", quick)
     if w is not None:
-        for width, x in w["results"].items():
+        for x in w["results"].values():
+            conv = ", mlp_conv" if x["block"] == "mlp_conv" else ""
             rows.append(
                 [
-                    f"U-ViT width {width} bf16 autocast "
+                    f"U-ViT width {x['width']}{conv} bf16 autocast "
                     f"(depth 12, batch {w['batch']}, {w['threads']} thread(s))",
                     f"{x['ratio']:.3f}",
                     BF16_DECISIONS[x["verdict"]],

@@ -6,7 +6,9 @@
 On a CPU with bf16 matrix units the answer flips with the width: small matrices pay autocast's
 casts, large ones gain the faster kernels. So ``train.mixed_precision=bf16`` is a per-width
 decision, and this table says where it pays on the machine at hand. The U-ViT is the demo's
-shape at CIFAR size (depth 12, patch 4, 65 tokens, heads of 64 channels), method cs.
+shape at CIFAR size (depth 12, patch 4, 65 tokens, heads of 64 channels), method cs, timed twice:
+plain, and with the demo's depthwise convolution in every MLP (``model.uvit.mlp_conv``), whose
+bf16 kernels on a CPU are another matter than those of the matrix products.
 """
 
 from __future__ import annotations
@@ -27,11 +29,14 @@ from benchmarks.harness import (
 )
 from scalelong.models import UViT
 
+BLOCKS = ("plain", "mlp_conv")
 
-def uvit_of_width(width: int) -> UViT:
-    """U-ViT at CIFAR shape (patch 4, 65 tokens), depth 12 (6 skips), heads of 64 channels."""
+
+def uvit_of_width(width: int, block: str = "plain") -> UViT:
+    """U-ViT at CIFAR shape (patch 4, 65 tokens), depth 12 (6 skips), heads of 64 channels;
+    ``block`` "mlp_conv": with the demo's depthwise convolution in every MLP."""
     torch.manual_seed(0)
-    return UViT(32, 4, 3, width, 12, max(1, width // 64), skip_method="cs")
+    return UViT(32, 4, 3, width, 12, max(1, width // 64), skip_method="cs", mlp_conv=block == "mlp_conv")
 
 
 def verdict(ratio: float, tie: float = 0.05) -> str:
@@ -57,17 +62,23 @@ def main(argv: list[str] | None = None) -> None:
     repeats = args.repeats or (3 if args.quick else 5)
     res: dict[str, dict] = {}
     for width in widths:
-        fns = {
-            "fp32": training_step(uvit_of_width(width), batch, device=device),
-            "bf16": training_step(uvit_of_width(width), batch, device=device, amp=torch.bfloat16),
-        }
-        med = interleaved_medians(fns, repeats=repeats, warmup=1, device=device)
-        ratio = ratios(med, "fp32")["bf16"]
-        res[str(width)] = {"median_s": med, "ratio": ratio, "verdict": verdict(ratio)}
-        print(f"width {width}: bf16 / fp32 {res[str(width)]['ratio']:.3f}", flush=True)
-    ms = {w: {k: f"{t * 1e3:.1f}" for k, t in r["median_s"].items()} for w, r in res.items()}
-    rows = [[w, ms[w]["fp32"], ms[w]["bf16"], f"{r['ratio']:.3f}", r["verdict"]] for w, r in res.items()]
-    table = markdown_table(["width", "fp32 ms", "bf16 ms", "bf16 / fp32", "verdict"], rows)
+        for block in BLOCKS:
+            fns = {
+                "fp32": training_step(uvit_of_width(width, block), batch, device=device),
+                "bf16": training_step(uvit_of_width(width, block), batch, device=device, amp=torch.bfloat16),
+            }
+            med = interleaved_medians(fns, repeats=repeats, warmup=1, device=device)
+            ratio = ratios(med, "fp32")["bf16"]
+            res[f"{width} {block}"] = {
+                "width": width, "block": block, "median_s": med, "ratio": ratio, "verdict": verdict(ratio)
+            }  # fmt: skip
+            print(f"width {width}, {block}: bf16 / fp32 {ratio:.3f}", flush=True)
+    rows = [
+        [r["width"], r["block"], *(f"{r['median_s'][k] * 1e3:.1f}" for k in ("fp32", "bf16")),
+         f"{r['ratio']:.3f}", r["verdict"]]
+        for r in res.values()
+    ]  # fmt: skip
+    table = markdown_table(["width", "block", "fp32 ms", "bf16 ms", "bf16 / fp32", "verdict"], rows)
     note = (
         f"\n\nU-ViT training step (fwd + bwd + AdamW), depth 12, patch 4, 32x32x3, method cs, batch "
         f"{batch}, {device.type}, {torch.get_num_threads()} thread(s), {repeats} interleaved repeats.\n"
