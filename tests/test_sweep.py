@@ -130,12 +130,12 @@ def alive(pid: int) -> bool:
         return False
 
 
-def start_waiting_sweep(tmp_path) -> tuple[subprocess.Popen, list[Path], list[int]]:
-    """A two-run sweep on --jobs 2 whose runs wait after their step-3 checkpoint; returns the
-    process, the run directories and the pids of its workers once both runs are waiting."""
+def start_waiting_sweep(tmp_path, methods: str = "none,cs") -> tuple[subprocess.Popen, list[Path], list[int]]:
+    """A sweep of ``methods`` on --jobs 2 whose runs wait after their step-3 checkpoint; returns the
+    process, the directories of the first two runs and the pids of its workers once both wait."""
     overrides = [*learning_uvit_overrides(tmp_path), "train.checkpoint_every=3", "train.log_every=3"]
     command = [sys.executable, str(Path(__file__).with_name("run_until_killed.py")), "3", "sweep"]
-    command += ["configs/demo.yaml", *overrides, "--methods", "none,cs", "--lrs", "1e-3", "--depths", "4"]
+    command += ["configs/demo.yaml", *overrides, "--methods", methods, "--lrs", "1e-3", "--depths", "4"]
     env = dict(os.environ, OMP_NUM_THREADS="1", MKL_NUM_THREADS="1")
     proc = subprocess.Popen([*command, "--jobs", "2", "--no-progress"], env=env, text=True,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE)  # fmt: skip
@@ -177,6 +177,26 @@ def test_sigterm_to_a_pooled_sweep_ends_every_worker_and_each_run_cleanly(tmp_pa
     _, err = proc.communicate(timeout=120)
     assert proc.returncode == 2 and err.strip().count("\n") == 0 and "interrupted" in err, err
     assert_ended_cleanly(runs, workers)
+
+
+@pytest.mark.slow
+@PROC_TREE
+def test_an_interrupted_pool_starts_none_of_the_runs_queued_behind_it(tmp_path):
+    """Three runs on two workers: the executor has already handed the third to a worker. After the
+    parent's SIGTERM it must not start, or the parent would wait on it (here: for good)."""
+    proc, runs, workers = start_waiting_sweep(tmp_path, methods="none,cs,ls")
+    proc.send_signal(signal.SIGTERM)
+    try:
+        _, err = proc.communicate(timeout=120)
+    finally:
+        proc.kill()
+        for pid in workers:
+            if alive(pid):
+                os.kill(pid, signal.SIGKILL)
+    assert proc.returncode == 2 and err.strip().count("\n") == 0 and "interrupted" in err, err
+    assert_ended_cleanly(runs, workers)
+    queued = tmp_path / "t-sweep" / "runs" / "d4-lr0.001-ls-seed0"
+    assert not (queued / "metrics.jsonl").exists()
 
 
 @pytest.mark.slow

@@ -34,7 +34,7 @@ from scalelong.build import check_models
 from scalelong.config import Config, config_to_dict, read_yaml, validate
 from scalelong.errors import ScaleLongError
 from scalelong.fd_mnist import CONFIDENT, real_digit_score
-from scalelong.launch import pool_map
+from scalelong.launch import PoolStopped, pool_map
 from scalelong.plots import Records, as_float, load_metrics, plot_digit_score, series, write_plots
 from scalelong.runs import RunDir, config_differences
 from scalelong.skips import METHODS
@@ -337,7 +337,7 @@ def run_all(
     args = [(cfgs[i], progress and jobs == 1, train_kwargs) for i in todo]
     for done, (j, result) in enumerate(pool_map(train_run, args, jobs), start=1):
         name = cfgs[todo[j]].name
-        if isinstance(result, TrainingInterrupted):
+        if isinstance(result, (TrainingInterrupted, PoolStopped)):
             raise result
         if isinstance(result, BaseException):  # the worker process itself failed
             result = RunOutcome(name, "failed", f"{type(result).__name__}: {' '.join(str(result).split())}")

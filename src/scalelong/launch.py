@@ -68,6 +68,27 @@ def on_main_process(accelerator, fn: Callable[[], object]) -> object:
     return box[0]
 
 
+# Set in a pool worker once Ctrl-C or SIGTERM has reached it: the worker then starts no further
+# item. The executor hands each worker its next item ahead of time, so cancelling the futures
+# alone would let a queued run start after the interrupt, and the parent wait on it.
+_stop_requested = threading.Event()
+
+
+class PoolStopped(ScaleLongError):
+    """An item that a pool worker did not start, because the pool was interrupted."""
+
+
+def _start_unless_stopped(fn: Callable, *args):
+    if _stop_requested.is_set():
+        raise PoolStopped("not started: the pool was interrupted")
+    return fn(*args)
+
+
+def _interrupt(signum, frame):
+    _stop_requested.set()
+    raise KeyboardInterrupt
+
+
 @contextmanager
 def sigterm_as_interrupt() -> Iterator[None]:
     """Treat SIGTERM like Ctrl-C, so both end a run the same clean way. Once one has arrived, more
@@ -75,6 +96,7 @@ def sigterm_as_interrupt() -> Iterator[None]:
 
     def handler(signum, frame):
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        _stop_requested.set()
         raise KeyboardInterrupt
 
     try:
@@ -153,6 +175,7 @@ def share_cores(jobs: int, cores: int | None = None) -> tuple[int, int]:
 def _init_worker(threads: int) -> None:
     # Before any torch work of the worker: intra-op and inter-op pools both sized to its share.
     torch.set_num_threads(threads)
+    signal.signal(signal.SIGINT, _interrupt)  # Ctrl-C reaches the workers too: no next item after it
     try:
         torch.set_num_interop_threads(threads)
     except RuntimeError:  # settable only before the first parallel work; a fresh worker has done none
@@ -202,7 +225,7 @@ def pool_map(
     )
     try:
         with sigterm_as_interrupt():
-            futures = {pool.submit(fn, *a): i for i, a in enumerate(args)}
+            futures = {pool.submit(_start_unless_stopped, fn, *a): i for i, a in enumerate(args)}
             for future in as_completed(futures):
                 try:
                     yield futures[future], future.result()
