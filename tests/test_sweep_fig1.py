@@ -219,3 +219,19 @@ def test_the_gap_table_gives_the_ratio_the_counts_and_the_difference_with_their_
     d = 2.7764451051977987 * 0.02 * math.sqrt(2 / 3)
     assert cells[5] == f"-0.1 ({-0.1 - d:+.2g} to {-0.1 + d:+.2g})"
     assert gap_table([cs, alone], norms, "loss") == ""  # nothing to compare against
+    # with the held-out x0 error of each seed: one more column, the same Welch difference
+    x0 = {none.cell: [0.10, 0.11, 0.12], cs.cell: [0.08, 0.09, 0.10]}
+    row = gap_table([none, cs], norms, "loss", x0).splitlines()[2]
+    assert row.endswith(f" -0.02 ({-0.02 - d / 2:+.2g} to {-0.02 + d / 2:+.2g}) |")
+
+
+def test_the_held_out_x0_error_is_the_mean_over_the_levels_of_the_last_probe():
+    from scalelong.sweep import heldout_x0_error
+
+    records = [
+        {"step": 5, "noise/x0_mse@0.10": 9.0, "noise/x0_mse@0.50": 9.0},
+        {"step": 10, "noise/x0_mse@0.10": 0.1, "noise/x0_mse@0.50": 0.3, "noise/eps_mse@0.10": 5.0},
+        {"step": 11, "loss": 0.2},
+    ]
+    assert heldout_x0_error(records) == pytest.approx(0.2)
+    assert math.isnan(heldout_x0_error([{"step": 1, "loss": 0.2}]))

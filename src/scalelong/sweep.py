@@ -349,16 +349,37 @@ def _welch(a: Sequence[float], b: Sequence[float], log: bool = False) -> tuple[f
     return statistics.fmean(xs) - statistics.fmean(ys), float(ci.low), float(ci.high)
 
 
-def gap_table(cells: Sequence[CellSummary], norms: Mapping[Cell, Sequence[float]], metric: str) -> str:
+def heldout_x0_error(records: Sequence[dict]) -> float:
+    """The last logged held-out x0 error (``noise/x0_mse@L``), averaged over the noise levels L:
+    the EMA model on fixed held-out images, far less noisy than the last training loss."""
+    last = next((r for r in reversed(records) if any(k.startswith("noise/x0_mse@") for k in r)), None)
+    if last is None:
+        return math.nan
+    values = [float(v) for k, v in last.items() if k.startswith("noise/x0_mse@")]
+    return statistics.fmean(values) if all(math.isfinite(v) for v in values) else math.nan
+
+
+def _fmt_diff(diff: tuple[float, float, float] | None) -> str:
+    return f"{diff[0]:+.3g} ({diff[1]:+.2g} to {diff[2]:+.2g})" if diff else "n/a"
+
+
+def gap_table(
+    cells: Sequence[CellSummary],
+    norms: Mapping[Cell, Sequence[float]],
+    metric: str,
+    x0: Mapping[Cell, Sequence[float]] | None = None,
+) -> str:
     """Per depth, each method against ``none`` at the same lr: the ratio of the last hidden-feature
     norms (geometric means, 95% Welch interval on the logs), the divergence counts (two-sided
-    Fisher exact p), and the final ``metric`` difference (95% Welch interval). The paper's claim,
-    read across the rows: the gap grows with depth."""
+    Fisher exact p), the final ``metric`` difference and, where the runs logged it, that of the
+    held-out x0 error (``x0``, per seed; 95% Welch intervals). The paper's claim, read across the
+    rows: the gap grows with depth."""
     by = {c.cell: c for c in cells}
+    x0 = {k: v for k, v in (x0 or {}).items() if any(math.isfinite(e) for e in v)}
     lines = [
         "| depth | lr | method | feature norm / none (95% CI) | diverged vs none (Fisher p) "
-        f"| final {metric} - none (95% CI) |",
-        "|---|---|---|---|---|---|",
+        f"| final {metric} - none (95% CI) |" + (" held-out x0 error - none (95% CI) |" if x0 else ""),
+        "|---|---|---|---|---|---|" + ("---|" if x0 else ""),
     ]
     for c in sorted(cells, key=lambda c: (c.cell.depth or 0, c.cell.lr, _method_order(c.cell.method))):
         ref = by.get(Cell(c.cell.depth, c.cell.lr, "none"))
@@ -376,8 +397,9 @@ def gap_table(cells: Sequence[CellSummary], norms: Mapping[Cell, Sequence[float]
                 else "n/a"
             )
             + f" | {c.diverged}/{c.seeds} vs {ref.diverged}/{ref.seeds} (p {p:.2g}) | "
-            + (f"{diff[0]:+.3g} ({diff[1]:+.2g} to {diff[2]:+.2g})" if diff else "n/a")
+            + _fmt_diff(diff)
             + " |"
+            + (f" {_fmt_diff(_welch(x0.get(c.cell, []), x0.get(ref.cell, [])))} |" if x0 else "")
         )
     return "\n".join(lines) if len(lines) > 2 else ""
 
@@ -478,15 +500,17 @@ def write_sweep_report(
         tables.append((f"{label}:\n\n" if label else "") + table)
         parts += [f"## {label or 'All cells'}", f"![{png.stem}]({png.name})", table, cell_table(mine, metric)]
     norms = {cell: [_last(r.records, "feature_norm") for r in rs] for cell, rs in runs.items()}
-    gaps = gap_table(cells, norms, metric)
+    x0 = {cell: [heldout_x0_error(r.records) for r in rs] for cell, rs in runs.items()}
+    gaps = gap_table(cells, norms, metric, x0)
     if gaps:
         parts += [
             "## The gap to `none`, by depth",
             "Each method against `none` in the same depth and lr. The paper says the gap grows with "
             "depth: a feature-norm ratio further below 1, fewer divergences, a lower final "
             f"{metric} in the deeper rows. The last logged hidden-feature norm of each seed enters "
-            "as a geometric mean; an interval that spans 1 (ratio) or 0 (difference) is no "
-            "evidence of a gap.",
+            "as a geometric mean; the held-out x0 error is the EMA model's on fixed held-out images, "
+            "averaged over the noise levels (`noise/x0_mse@L`), less noisy than the last training "
+            "loss. An interval that spans 1 (ratio) or 0 (difference) is no evidence of a gap.",
             gaps,
         ]
     parts += fig1_section(runs, sweep_dir, fig1_lr)
