@@ -214,7 +214,7 @@ def test_the_gap_table_gives_the_ratio_the_counts_and_the_difference_with_their_
     # geometric means 800 and 200: ratio 0.25; both log-samples have sd ln 2, so the Welch interval is
     # exp(+-t(0.975, 4) * ln2 * sqrt(2/3))
     half = 2.7764451051977987 * math.log(2) * math.sqrt(2 / 3)
-    assert cells[3] == f"0.25 ({0.25 * math.exp(-half):.2f} to {0.25 * math.exp(half):.2f})"
+    assert cells[3] == f"0.25 ({0.25 * math.exp(-half):.2g} to {0.25 * math.exp(half):.2g})"
     assert cells[4] == "0/3 vs 1/3 (p 1)"
     d = 2.7764451051977987 * 0.02 * math.sqrt(2 / 3)
     assert cells[5] == f"-0.1 ({-0.1 - d:+.2g} to {-0.1 + d:+.2g})"

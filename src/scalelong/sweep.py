@@ -392,7 +392,7 @@ def gap_table(
         lines.append(
             f"| {c.cell.depth if c.cell.depth is not None else ''} | {c.cell.lr:g} | {c.cell.method} | "
             + (
-                f"{math.exp(ratio[0]):.2f} ({math.exp(ratio[1]):.2f} to {math.exp(ratio[2]):.2f})"
+                f"{math.exp(ratio[0]):.2g} ({math.exp(ratio[1]):.2g} to {math.exp(ratio[2]):.2g})"
                 if ratio
                 else "n/a"
             )
