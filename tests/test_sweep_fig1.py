@@ -214,15 +214,32 @@ def test_the_gap_table_gives_the_ratio_the_counts_and_the_difference_with_their_
     # geometric means 800 and 200: ratio 0.25; both log-samples have sd ln 2, so the Welch interval is
     # exp(+-t(0.975, 4) * ln2 * sqrt(2/3))
     half = 2.7764451051977987 * math.log(2) * math.sqrt(2 / 3)
-    assert cells[3] == f"0.25 ({0.25 * math.exp(-half):.2g} to {0.25 * math.exp(half):.2g})"
+    assert cells[3] == f"0.25 ({0.25 * math.exp(-half):.2g} to {0.25 * math.exp(half):.2g}, unpaired)"
     assert cells[4] == "0/3 vs 1/3 (p 1)"
     d = 2.7764451051977987 * 0.02 * math.sqrt(2 / 3)
-    assert cells[5] == f"-0.1 ({-0.1 - d:+.2g} to {-0.1 + d:+.2g})"
+    assert cells[5] == f"-0.1 ({-0.1 - d:+.2g} to {-0.1 + d:+.2g}, unpaired)"
     assert gap_table([cs, alone], norms, "loss") == ""  # nothing to compare against
     # with the held-out x0 error of each seed: one more column, the same Welch difference
     x0 = {none.cell: [0.10, 0.11, 0.12], cs.cell: [0.08, 0.09, 0.10]}
     row = gap_table([none, cs], norms, "loss", x0).splitlines()[2]
-    assert row.endswith(f" -0.02 ({-0.02 - d / 2:+.2g} to {-0.02 + d / 2:+.2g}) |")
+    assert row.endswith(f" -0.02 ({-0.02 - d / 2:+.2g} to {-0.02 + d / 2:+.2g}, unpaired) |")
+    # paired by seed: every seed of cs sits exactly 4x below none's norm and 0.1 below its loss,
+    # so the paired intervals collapse onto the point while the unpaired ones above do not
+    seeds = {none.cell: [0, 1, 2], cs.cell: [0, 1, 2]}
+    cells = [
+        c.strip() for c in gap_table([none, cs], norms, "loss", x0, seeds).splitlines()[2].split("|")[1:-1]
+    ]
+    assert cells[3] == "0.25 (0.25 to 0.25)" and cells[5] == "-0.1 (-0.1 to -0.1)"
+    # seeds that do not match: no pairs, so unpaired again
+    shifted = {none.cell: [0, 1, 2], cs.cell: [5, 6, 7]}
+    assert "unpaired" in gap_table([none, cs], norms, "loss", None, shifted).splitlines()[2]
+
+
+def test_a_run_folder_names_its_seed():
+    from scalelong.sweep import seed_of
+
+    assert seed_of("d12-lr0.01-cs-seed3") == 3 and seed_of("lr0.02-none-seed12") == 12
+    assert seed_of("my-run") is None
 
 
 def test_the_held_out_x0_error_is_the_mean_over_the_levels_of_the_last_probe():

@@ -13,6 +13,7 @@ from __future__ import annotations
 import copy
 import json
 import math
+import re
 import statistics
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -337,16 +338,39 @@ def fig1_table(runs: Mapping[tuple[int | None, str], Sequence[StudyRun]]) -> str
     return "\n".join(lines)
 
 
-def _welch(a: Sequence[float], b: Sequence[float], log: bool = False) -> tuple[float, float, float] | None:
-    """Mean difference a - b (of logs when ``log``) and its 95% Welch interval; None under 2 finite
-    values a side."""
-    xs, ys = (
-        [math.log(v) if log else v for v in vs if math.isfinite(v) and (v > 0 or not log)] for vs in (a, b)
-    )
+def _contrast(
+    a: Sequence[float],
+    b: Sequence[float],
+    log: bool = False,
+    seeds_a: Sequence[int] = (),
+    seeds_b: Sequence[int] = (),
+) -> tuple[float, float, float, bool] | None:
+    """Mean difference a - b (of logs when ``log``), its 95% interval and whether it is paired.
+    Paired by seed where at least two seeds are in both with finite values (a seed gives every
+    method the same batches and noise, so the pairs share much of their variation); else Welch's
+    interval over all finite values. None under 2 values a side."""
+
+    def f(v: float) -> float | None:
+        ok = math.isfinite(v) and (v > 0 or not log)
+        return (math.log(v) if log else v) if ok else None
+
+    xa, xb = dict(zip(seeds_a, map(f, a), strict=False)), dict(zip(seeds_b, map(f, b), strict=False))
+    pairs = [(xa[k], xb[k]) for k in xa if k in xb and xa[k] is not None and xb[k] is not None]
+    if len(pairs) >= 2:
+        mean, half = mean_ci([u - v for u, v in pairs])
+        half = 0.0 if math.isnan(half) else half
+        return mean, mean - half, mean + half, True
+    xs, ys = ([v for v in map(f, vs) if v is not None] for vs in (a, b))
     if len(xs) < 2 or len(ys) < 2:
         return None
     ci = scipy.stats.ttest_ind(xs, ys, equal_var=False).confidence_interval(0.95)
-    return statistics.fmean(xs) - statistics.fmean(ys), float(ci.low), float(ci.high)
+    return statistics.fmean(xs) - statistics.fmean(ys), float(ci.low), float(ci.high), False
+
+
+def seed_of(run_name: str) -> int | None:
+    """The seed in a run's folder name (``d12-lr0.01-cs-seed3`` -> 3)."""
+    m = re.search(r"seed(\d+)$", run_name)
+    return int(m.group(1)) if m else None
 
 
 def heldout_x0_error(records: Sequence[dict]) -> float:
@@ -359,8 +383,19 @@ def heldout_x0_error(records: Sequence[dict]) -> float:
     return statistics.fmean(values) if all(math.isfinite(v) for v in values) else math.nan
 
 
-def _fmt_diff(diff: tuple[float, float, float] | None) -> str:
-    return f"{diff[0]:+.3g} ({diff[1]:+.2g} to {diff[2]:+.2g})" if diff else "n/a"
+def _unpaired(diff: tuple[float, float, float, bool]) -> str:
+    return "" if diff[3] else ", unpaired"
+
+
+def _fmt_diff(diff: tuple[float, float, float, bool] | None) -> str:
+    return f"{diff[0]:+.3g} ({diff[1]:+.2g} to {diff[2]:+.2g}{_unpaired(diff)})" if diff else "n/a"
+
+
+def _fmt_ratio(diff: tuple[float, float, float, bool] | None) -> str:
+    if diff is None:
+        return "n/a"
+    lo, hi = math.exp(diff[1]), math.exp(diff[2])
+    return f"{math.exp(diff[0]):.2g} ({lo:.2g} to {hi:.2g}{_unpaired(diff)})"
 
 
 def gap_table(
@@ -368,13 +403,15 @@ def gap_table(
     norms: Mapping[Cell, Sequence[float]],
     metric: str,
     x0: Mapping[Cell, Sequence[float]] | None = None,
+    seeds: Mapping[Cell, Sequence[int]] | None = None,
 ) -> str:
     """Per depth, each method against ``none`` at the same lr: the ratio of the last hidden-feature
-    norms (geometric means, 95% Welch interval on the logs), the divergence counts (two-sided
-    Fisher exact p), the final ``metric`` difference and, where the runs logged it, that of the
-    held-out x0 error (``x0``, per seed; 95% Welch intervals). The paper's claim, read across the
-    rows: the gap grows with depth."""
+    norms (on the logs), the divergence counts (two-sided Fisher exact p), the final ``metric``
+    difference and, where the runs logged it, that of the held-out x0 error (``x0``). Values are
+    per seed, in the order of ``seeds`` (the seed of each value; :func:`_contrast` pairs by it);
+    intervals are 95%. The paper's claim, read across the rows: the gap grows with depth."""
     by = {c.cell: c for c in cells}
+    seeds = seeds or {}
     x0 = {k: v for k, v in (x0 or {}).items() if any(math.isfinite(e) for e in v)}
     lines = [
         "| depth | lr | method | feature norm / none (95% CI) | diverged vs none (Fisher p) "
@@ -385,22 +422,22 @@ def gap_table(
         ref = by.get(Cell(c.cell.depth, c.cell.lr, "none"))
         if c.cell.method == "none" or ref is None:
             continue
-        ratio = _welch(norms.get(c.cell, []), norms.get(ref.cell, []), log=True)
-        diff = _welch(c.final, ref.final)
+        pair = {"seeds_a": seeds.get(c.cell, ()), "seeds_b": seeds.get(ref.cell, ())}
+        ratio = _contrast(norms.get(c.cell, []), norms.get(ref.cell, []), log=True, **pair)
+        diff = _contrast(c.final, ref.final, **pair)
         table = [[c.diverged, c.seeds - c.diverged], [ref.diverged, ref.seeds - ref.diverged]]
         p = scipy.stats.fisher_exact(table).pvalue
-        lines.append(
-            f"| {c.cell.depth if c.cell.depth is not None else ''} | {c.cell.lr:g} | {c.cell.method} | "
-            + (
-                f"{math.exp(ratio[0]):.2g} ({math.exp(ratio[1]):.2g} to {math.exp(ratio[2]):.2g})"
-                if ratio
-                else "n/a"
-            )
-            + f" | {c.diverged}/{c.seeds} vs {ref.diverged}/{ref.seeds} (p {p:.2g}) | "
-            + _fmt_diff(diff)
-            + " |"
-            + (f" {_fmt_diff(_welch(x0.get(c.cell, []), x0.get(ref.cell, [])))} |" if x0 else "")
-        )
+        cols = [
+            "" if c.cell.depth is None else str(c.cell.depth),
+            f"{c.cell.lr:g}",
+            c.cell.method,
+            _fmt_ratio(ratio),
+            f"{c.diverged}/{c.seeds} vs {ref.diverged}/{ref.seeds} (p {p:.2g})",
+            _fmt_diff(diff),
+        ]
+        if x0:
+            cols.append(_fmt_diff(_contrast(x0.get(c.cell, []), x0.get(ref.cell, []), **pair)))
+        lines.append("| " + " | ".join(cols) + " |")
     return "\n".join(lines) if len(lines) > 2 else ""
 
 
@@ -501,16 +538,20 @@ def write_sweep_report(
         parts += [f"## {label or 'All cells'}", f"![{png.stem}]({png.name})", table, cell_table(mine, metric)]
     norms = {cell: [_last(r.records, "feature_norm") for r in rs] for cell, rs in runs.items()}
     x0 = {cell: [heldout_x0_error(r.records) for r in rs] for cell, rs in runs.items()}
-    gaps = gap_table(cells, norms, metric, x0)
+    seeds = {cell: [seed_of(r.name) for r in rs] for cell, rs in runs.items()}
+    gaps = gap_table(cells, norms, metric, x0, seeds)
     if gaps:
         parts += [
             "## The gap to `none`, by depth",
             "Each method against `none` in the same depth and lr. The paper says the gap grows with "
             "depth: a feature-norm ratio further below 1, fewer divergences, a lower final "
             f"{metric} in the deeper rows. The last logged hidden-feature norm of each seed enters "
-            "as a geometric mean; the held-out x0 error is the EMA model's on fixed held-out images, "
-            "averaged over the noise levels (`noise/x0_mse@L`), less noisy than the last training "
-            "loss. An interval that spans 1 (ratio) or 0 (difference) is no evidence of a gap.",
+            "as a geometric mean. Differences are paired by seed where two or more seeds ran in both "
+            "cells (a seed gives every method the same batches and noise and, but for LS's gates, "
+            "the same initial weights), else unpaired (Welch). The held-out x0 error is the EMA "
+            "model's on fixed held-out images, averaged over the noise levels (`noise/x0_mse@L`), "
+            "less noisy than the last training loss. An interval that spans 1 (ratio) or 0 "
+            "(difference) is no evidence of a gap.",
             gaps,
         ]
     parts += fig1_section(runs, sweep_dir, fig1_lr)
