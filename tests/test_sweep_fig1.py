@@ -233,6 +233,12 @@ def test_the_gap_table_gives_the_ratio_the_counts_and_the_difference_with_their_
     # seeds that do not match: no pairs, so unpaired again
     shifted = {none.cell: [0, 1, 2], cs.cell: [5, 6, 7]}
     assert "unpaired" in gap_table([none, cs], norms, "loss", None, shifted).splitlines()[2]
+    # one seed of cs against five of none: its own pair, no interval
+    one = CellSummary(Cell(12, 0.01, "cs"), [0.25], [], [], [[]])
+    row = gap_table([none, one], {none.cell: [400.0, 800.0, 1600.0], one.cell: [200.0]}, "loss", None,
+                    {none.cell: [0, 1, 2], one.cell: [1]}).splitlines()[2]  # fmt: skip
+    cells = [c.strip() for c in row.split("|")[1:-1]]
+    assert cells[3] == "0.25 (1 seed, no interval)" and cells[5] == "-0.07 (1 seed, no interval)"
 
 
 def test_a_run_folder_names_its_seed():

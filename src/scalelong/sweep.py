@@ -348,7 +348,8 @@ def _contrast(
     """Mean difference a - b (of logs when ``log``), its 95% interval and whether it is paired.
     Paired by seed where at least two seeds are in both with finite values (a seed gives every
     method the same batches and noise, so the pairs share much of their variation); else Welch's
-    interval over all finite values. None under 2 values a side."""
+    interval over all finite values. A cell of one seed against its seed in the other: that one
+    difference, with a NaN interval. None when nothing can be compared."""
 
     def f(v: float) -> float | None:
         ok = math.isfinite(v) and (v > 0 or not log)
@@ -356,9 +357,8 @@ def _contrast(
 
     xa, xb = dict(zip(seeds_a, map(f, a), strict=False)), dict(zip(seeds_b, map(f, b), strict=False))
     pairs = [(xa[k], xb[k]) for k in xa if k in xb and xa[k] is not None and xb[k] is not None]
-    if len(pairs) >= 2:
-        mean, half = mean_ci([u - v for u, v in pairs])
-        half = 0.0 if math.isnan(half) else half
+    if len(pairs) >= 2 or (len(pairs) == 1 and min(len(a), len(b)) == 1):
+        mean, half = mean_ci([u - v for u, v in pairs])  # one pair: the point, no interval (NaN)
         return mean, mean - half, mean + half, True
     xs, ys = ([v for v in map(f, vs) if v is not None] for vs in (a, b))
     if len(xs) < 2 or len(ys) < 2:
@@ -388,12 +388,18 @@ def _unpaired(diff: tuple[float, float, float, bool]) -> str:
 
 
 def _fmt_diff(diff: tuple[float, float, float, bool] | None) -> str:
-    return f"{diff[0]:+.3g} ({diff[1]:+.2g} to {diff[2]:+.2g}{_unpaired(diff)})" if diff else "n/a"
+    if diff is None:
+        return "n/a"
+    if math.isnan(diff[1]):
+        return f"{diff[0]:+.3g} (1 seed, no interval)"
+    return f"{diff[0]:+.3g} ({diff[1]:+.2g} to {diff[2]:+.2g}{_unpaired(diff)})"
 
 
 def _fmt_ratio(diff: tuple[float, float, float, bool] | None) -> str:
     if diff is None:
         return "n/a"
+    if math.isnan(diff[1]):
+        return f"{math.exp(diff[0]):.2g} (1 seed, no interval)"
     lo, hi = math.exp(diff[1]), math.exp(diff[2])
     return f"{math.exp(diff[0]):.2g} ({lo:.2g} to {hi:.2g}{_unpaired(diff)})"
 
