@@ -269,8 +269,9 @@ def fast_path_section(quick: bool) -> list[str]:
         "",
         markdown_table(["path", "ratio", "decision", "mode"], rows),
         "",
-        "bf16 per width: `python -m benchmarks.bf16_widths` (batch 32, 2 threads; the answer flips with "
-        "the width on a CPU with bf16 matrix units, so measure at the width of the run at hand).",
+        "bf16 per width: `python -m benchmarks.bf16_widths` (batch 32, 2 threads). The quick U-ViT row "
+        "(batch 8, 1 thread) can read otherwise: the answer depends on the size of the matrices, so "
+        "measure at the width and batch of the run at hand.",
     ]
 
 
