@@ -241,13 +241,6 @@ def test_the_gap_table_gives_the_ratio_the_counts_and_the_difference_with_their_
     assert cells[3] == "0.25 (1 seed, no interval)" and cells[5] == "-0.07 (1 seed, no interval)"
 
 
-def test_a_run_folder_names_its_seed():
-    from scalelong.sweep import seed_of
-
-    assert seed_of("d12-lr0.01-cs-seed3") == 3 and seed_of("lr0.02-none-seed12") == 12
-    assert seed_of("my-run") is None
-
-
 def test_the_held_out_x0_error_is_the_mean_over_the_levels_of_the_last_probe():
     from scalelong.sweep import heldout_x0_error
 

@@ -359,6 +359,7 @@ class StudyRun:
     breaks: list[Divergence]
     error: str = ""  # why it could not run (its records are then left out)
     path: Path | None = None  # its run directory
+    seed: int | None = None  # its train.seed (None: not read, the run could not be)
 
 
 def read_run(run_dir: str | Path, rule: DivergenceRule = DEFAULT_RULE, error: str = "") -> StudyRun:
@@ -367,9 +368,9 @@ def read_run(run_dir: str | Path, rule: DivergenceRule = DEFAULT_RULE, error: st
     if error or not run.metrics_file.is_file():
         return StudyRun(run.name, [], {}, [], error or "no metrics", run.path)
     records, summary = load_metrics(run), run.summary or {}
-    warmup = run.config().optim.warmup_steps
-    breaks = divergence(records, summary.get("stopped"), warmup, rule)
-    return StudyRun(run.name, records, summary, breaks, path=run.path)
+    cfg = run.config()
+    breaks = divergence(records, summary.get("stopped"), cfg.optim.warmup_steps, rule)
+    return StudyRun(run.name, records, summary, breaks, path=run.path, seed=cfg.train.seed)
 
 
 def broken_runs(runs: Iterable[StudyRun]) -> list[str]:

@@ -13,7 +13,6 @@ from __future__ import annotations
 import copy
 import json
 import math
-import re
 import statistics
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -367,12 +366,6 @@ def _contrast(
     return statistics.fmean(xs) - statistics.fmean(ys), float(ci.low), float(ci.high), False
 
 
-def seed_of(run_name: str) -> int | None:
-    """The seed in a run's folder name (``d12-lr0.01-cs-seed3`` -> 3)."""
-    m = re.search(r"seed(\d+)$", run_name)
-    return int(m.group(1)) if m else None
-
-
 def heldout_x0_error(records: Sequence[dict]) -> float:
     """The last logged held-out x0 error (``noise/x0_mse@L``), averaged over the noise levels L:
     the EMA model on fixed held-out images, far less noisy than the last training loss."""
@@ -383,25 +376,17 @@ def heldout_x0_error(records: Sequence[dict]) -> float:
     return statistics.fmean(values) if all(math.isfinite(v) for v in values) else math.nan
 
 
-def _unpaired(diff: tuple[float, float, float, bool]) -> str:
-    return "" if diff[3] else ", unpaired"
-
-
-def _fmt_diff(diff: tuple[float, float, float, bool] | None) -> str:
+def _fmt_contrast(diff: tuple[float, float, float, bool] | None, ratio: bool = False) -> str:
+    """``diff`` of :func:`_contrast` as text: a signed difference, or with ``ratio`` (a difference
+    of logs) the ratio it stands for."""
     if diff is None:
         return "n/a"
-    if math.isnan(diff[1]):
-        return f"{diff[0]:+.3g} (1 seed, no interval)"
-    return f"{diff[0]:+.3g} ({diff[1]:+.2g} to {diff[2]:+.2g}{_unpaired(diff)})"
-
-
-def _fmt_ratio(diff: tuple[float, float, float, bool] | None) -> str:
-    if diff is None:
-        return "n/a"
-    if math.isnan(diff[1]):
-        return f"{math.exp(diff[0]):.2g} (1 seed, no interval)"
-    lo, hi = math.exp(diff[1]), math.exp(diff[2])
-    return f"{math.exp(diff[0]):.2g} ({lo:.2g} to {hi:.2g}{_unpaired(diff)})"
+    mean, lo, hi = (math.exp(x) for x in diff[:3]) if ratio else diff[:3]
+    point = f"{mean:.2g}" if ratio else f"{mean:+.3g}"
+    if math.isnan(lo):
+        return f"{point} (1 seed, no interval)"
+    bounds = f"{lo:.2g} to {hi:.2g}" if ratio else f"{lo:+.2g} to {hi:+.2g}"
+    return f"{point} ({bounds}{'' if diff[3] else ', unpaired'})"
 
 
 def gap_table(
@@ -437,12 +422,12 @@ def gap_table(
             "" if c.cell.depth is None else str(c.cell.depth),
             f"{c.cell.lr:g}",
             c.cell.method,
-            _fmt_ratio(ratio),
+            _fmt_contrast(ratio, ratio=True),
             f"{c.diverged}/{c.seeds} vs {ref.diverged}/{ref.seeds} (p {p:.2g})",
-            _fmt_diff(diff),
+            _fmt_contrast(diff),
         ]
         if x0:
-            cols.append(_fmt_diff(_contrast(x0.get(c.cell, []), x0.get(ref.cell, []), **pair)))
+            cols.append(_fmt_contrast(_contrast(x0.get(c.cell, []), x0.get(ref.cell, []), **pair)))
         lines.append("| " + " | ".join(cols) + " |")
     return "\n".join(lines) if len(lines) > 2 else ""
 
@@ -544,7 +529,7 @@ def write_sweep_report(
         parts += [f"## {label or 'All cells'}", f"![{png.stem}]({png.name})", table, cell_table(mine, metric)]
     norms = {cell: [_last(r.records, "feature_norm") for r in rs] for cell, rs in runs.items()}
     x0 = {cell: [heldout_x0_error(r.records) for r in rs] for cell, rs in runs.items()}
-    seeds = {cell: [seed_of(r.name) for r in rs] for cell, rs in runs.items()}
+    seeds = {cell: [r.seed for r in rs] for cell, rs in runs.items()}
     gaps = gap_table(cells, norms, metric, x0, seeds)
     if gaps:
         parts += [
