@@ -57,7 +57,11 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--batch", type=int, default=0, help="batch size (default 32; --quick 8)")
     args = p.parse_args(argv)
     device = setup(args)
-    widths = [int(w) for w in (args.widths or ("64,128" if args.quick else "64,128,256,512")).split(",")]
+    text = args.widths or ("64,128" if args.quick else "64,128,256,512")
+    try:
+        widths = [int(w) for w in text.split(",")]
+    except ValueError:
+        p.error(f"--widths {text!r}: give comma-separated integers, e.g. 64,256")
     batch = args.batch or (8 if args.quick else 32)
     repeats = args.repeats or (3 if args.quick else 5)
     res: dict[str, dict] = {}

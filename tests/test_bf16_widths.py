@@ -31,3 +31,11 @@ def test_every_width_lands_in_the_fast_path_table(tmp_path, monkeypatch):
         row = next(line for line in table.splitlines() if f"U-ViT width {label} bf16" in line)
         assert f"{result['results'][key]['ratio']:.3f}" in row and "batch 2, 1 thread(s)" in row
     assert "python -m benchmarks.bf16_widths" in table
+
+
+def test_a_bad_width_list_is_one_line_and_exit_2(capsys):
+    with pytest.raises(SystemExit) as stop:
+        bf16_widths.main(["--widths", "64,x"])
+    assert (
+        stop.value.code == 2 and "--widths '64,x': give comma-separated integers" in capsys.readouterr().err
+    )
