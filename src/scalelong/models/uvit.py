@@ -44,7 +44,13 @@ class Attention(nn.Module):
         B, L, D = x.shape
         qkv = self.qkv(x).reshape(B, L, 3, self.num_heads, D // self.num_heads)
         q, k, v = qkv.permute(2, 0, 3, 1, 4)  # each (B, H, L, D / H)
-        x = F.scaled_dot_product_attention(q, k, v)
+        if q.device.type == "cpu" and q.dtype == torch.bfloat16:
+            # The CPU's bf16 attention kernels run about 3x slower than its fp32 ones at U-ViT's
+            # sizes (benchmarks/train_step.py), so under bf16 autocast attention runs in fp32.
+            with torch.autocast("cpu", enabled=False):
+                x = F.scaled_dot_product_attention(q.float(), k.float(), v.float()).to(q.dtype)
+        else:
+            x = F.scaled_dot_product_attention(q, k, v)
         return self.proj(x.transpose(1, 2).reshape(B, L, D))
 
 
