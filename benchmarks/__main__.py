@@ -48,6 +48,12 @@ REGISTRY = {
     ),
     "fast_paths": Bench("fast_paths", "channels_last, bf16 autocast, torch.compile"),
     "bf16_widths": Bench("bf16_widths", "bf16 autocast vs fp32 per U-ViT width", default=False),
+    "train_step": Bench(
+        "train_step",
+        "the demo's step: eager/compiled x fp32/bf16, AdamW kernels, EMA, threads",
+        device_flag=False,
+        default=False,
+    ),
     "throughput": Bench("throughput", "img/s and peak memory of the shipped configs"),
     "loader_vs_step": Bench("loader_vs_step", "CIFAR-10 loader vs training step", device_flag=False),
     "sampling_throughput": Bench(
@@ -275,6 +281,20 @@ def fast_path_section(quick: bool) -> list[str]:
     ]
 
 
+def train_step_section(quick: bool) -> list[str]:
+    """The demo's own training step, every candidate path beside eager fp32 (benchmarks/train_step.py)."""
+    r, mode = load("train_step", quick)
+    if r is None:
+        return []
+    a = r["args"]
+    return [
+        f"**The demo's training step** (`python -m benchmarks.train_step`: the {a['preset']} preset at batch "
+        f"{a['batch']}, {r['threads']} thread(s), {r['repeats']} interleaved repeats, {mode}).",
+        "",
+        r["table"],
+    ]
+
+
 def data_sampling_section(quick: bool) -> list[str]:
     rows = []
     r, mode = load("loader_vs_step", quick)
@@ -338,6 +358,7 @@ def summary(quick: bool) -> str:
         reference_section,
         throughput_section,
         fast_path_section,
+        train_step_section,
         data_sampling_section,
         studies_section,
     ]

@@ -40,3 +40,147 @@ def test_compiled_training_matches_eager_and_keeps_diagnostics(tmp_path, monkeyp
             assert abs(a["loss"] - b["loss"]) <= 1e-4 * abs(a["loss"])
     diag = [r for r in runs["compiled"] if "skip/1/coef_mean" in r]
     assert [r["step"] for r in diag] == [3, 6]  # diagnostic steps run eager: the probe still fires
+
+
+class _InductorFailure(RuntimeError):
+    """Stands for what inductor raises on a machine without a C++ compiler."""
+
+
+_InductorFailure.__module__ = "torch._inductor.exc"
+
+
+def _losses(run_dir) -> list[float]:
+    return [json.loads(line)["loss"] for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+
+
+def test_a_failing_compile_falls_back_to_eager_with_one_line(tmp_path, monkeypatch, capsys):
+    def broken(model, *args, **kwargs):
+        def forward(*a, **k):
+            raise _InductorFailure("InductorError: CppCompileError: C++ compile error (no g++)")
+
+        return forward
+
+    eager = train(load_config("configs/demo.yaml", tiny_uvit_overrides("eager", tmp_path, 6)), progress=False)
+    monkeypatch.setattr(torch, "compile", broken)
+    cfg = load_config(
+        "configs/demo.yaml", tiny_uvit_overrides("broken", tmp_path, 6) + ["train.compile=true"]
+    )
+    result = train(cfg, progress=False)
+    warnings = [line for line in capsys.readouterr().out.splitlines() if line.startswith("warning:")]
+    assert warnings == [
+        "warning: train.compile: torch.compile failed (InductorError: CppCompileError: C++ compile error "
+        "(no g++)); training eager"
+    ]
+    assert _losses(result.run_dir) == _losses(eager.run_dir)  # the failed step itself reran eager
+
+
+def test_an_error_of_the_model_under_compile_is_not_swallowed(tmp_path, monkeypatch):
+    def raising(model, *args, **kwargs):
+        def forward(*a, **k):
+            raise ValueError("a bug in the model")
+
+        return forward
+
+    monkeypatch.setattr(torch, "compile", raising)
+    cfg = load_config("configs/demo.yaml", tiny_uvit_overrides("bug", tmp_path, 3) + ["train.compile=true"])
+    try:
+        train(cfg, progress=False)
+    except ValueError as e:
+        assert str(e) == "a bug in the model"
+    else:
+        raise AssertionError("the model's own error was swallowed")
+
+
+def test_adamw_kernels_give_the_same_update():
+    from scalelong.config import OptimConfig
+    from scalelong.train import make_optimizer
+
+    results = {}
+    for kernel in ("default", "foreach", "fused"):
+        torch.manual_seed(0)
+        model = torch.nn.Linear(8, 4)
+        opt = make_optimizer(
+            model.parameters(), OptimConfig(lr=1e-2, implementation=kernel), torch.device("cpu")
+        )
+        assert bool(opt.defaults.get("fused")) == (kernel == "fused")
+        assert bool(opt.defaults.get("foreach")) == (kernel == "foreach")
+        for _ in range(3):
+            model(torch.ones(2, 8)).square().sum().backward()
+            opt.step()
+            opt.zero_grad()
+        results[kernel] = model.weight.detach().clone()
+    torch.testing.assert_close(results["fused"], results["default"], rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(results["foreach"], results["default"], rtol=1e-6, atol=1e-7)
+    assert not torch.equal(results["default"], torch.nn.Linear(8, 4).weight)  # it trained
+
+
+def test_an_unavailable_fused_adamw_falls_back_with_one_line(monkeypatch, capsys):
+    from scalelong.config import OptimConfig
+    from scalelong.train import make_optimizer
+
+    real = torch.optim.AdamW
+
+    def no_fused(params, **kwargs):
+        if kwargs.get("fused"):
+            raise RuntimeError(
+                "`fused=True` requires all the params to be floating point Tensors of supported devices"
+            )
+        return real(params, **kwargs)
+
+    monkeypatch.setattr(torch.optim, "AdamW", no_fused)
+    opt = make_optimizer(
+        torch.nn.Linear(2, 2).parameters(), OptimConfig(implementation="fused"), torch.device("cpu")
+    )
+    assert isinstance(opt, real) and not opt.defaults.get("fused")
+    assert capsys.readouterr().out.splitlines() == [
+        "warning: optim.implementation=fused is not available on cpu (`fused=True` requires all the params "
+        "to be floating point Tensors of supported devices); using torch's default AdamW"
+    ]
+
+
+def test_bf16_on_a_cpu_without_bf16_trains_in_fp32_with_one_line(monkeypatch, capsys):
+    from scalelong import launch
+
+    monkeypatch.setattr(launch, "cpu_has_bf16", lambda: False)
+    captured = {}
+    monkeypatch.setattr("accelerate.Accelerator", lambda **kw: captured.update(kw) or kw)
+    cfg = load_config("configs/demo.yaml", ["train.device=cpu", "train.mixed_precision=bf16"])
+    launch.make_accelerator(cfg)
+    assert captured["mixed_precision"] == "no"
+    assert capsys.readouterr().out.startswith("warning: train.mixed_precision=bf16: this CPU has no bf16")
+    monkeypatch.setattr(launch, "cpu_has_bf16", lambda: True)
+    launch.make_accelerator(cfg)
+    assert captured["mixed_precision"] == "bf16"
+
+
+def test_bf16_sampling_scores_close_to_fp32():
+    from scalelong.build import build_model
+    from scalelong.evaluation import sample_features
+
+    cfg = load_config("configs/demo.yaml", tiny_uvit_overrides("s", "/nonexistent", 1))
+    torch.manual_seed(0)
+    model = build_model(cfg.model).eval()
+    flat = lambda images: images.flatten(1)  # noqa: E731  the pixels as features
+    plain = sample_features(model, cfg, flat, range(4), "dpm_solver", 5, 4, "cpu")
+    cfg.eval.mixed_precision = "bf16"
+    low = sample_features(model, cfg, flat, range(4), "dpm_solver", 5, 4, "cpu")
+    assert low.dtype == torch.float32
+    rel = ((low - plain).norm() / plain.norm()).item()
+    assert 0 < rel < 0.05, rel
+
+
+def test_fast_path_keys_are_validated_at_the_edge():
+    import pytest
+
+    from scalelong.errors import ScaleLongError
+
+    with pytest.raises(
+        ScaleLongError,
+        match=r"optim.implementation='fast' is not supported; choose one of default, foreach, fused",
+    ):
+        load_config("configs/demo.yaml", ["optim.implementation=fast"])
+    with pytest.raises(
+        ScaleLongError, match=r"eval.mixed_precision='fp16' is not supported; choose one of no, bf16"
+    ):
+        load_config("configs/demo.yaml", ["eval.mixed_precision=fp16"])
+    assert load_config("configs/demo.yaml", ["eval.mixed_precision=no"]).eval.mixed_precision == "no"

@@ -133,6 +133,9 @@ class OptimConfig:
     warmup_steps: int = 2500  # linear warm-up, then constant
     lr_schedule: str = "constant"  # constant (the recipe) | cosine: after warm-up decay to min_lr_ratio * lr
     min_lr_ratio: float = 0.0  # cosine: final lr as a fraction of lr
+    # AdamW's kernel: default (torch's choice: a loop over parameters on the CPU) | foreach | fused
+    # (one kernel for all parameters; 0.86 of the demo's step time on 2 cores, benchmarks/train_step.py)
+    implementation: str = "default"
 
 
 @dataclass
@@ -182,6 +185,7 @@ class EvalConfig:
     steps: int = 50
     batch_size: int = 250
     final_num_samples: int = 5000  # re-score the best checkpoint with this many (the recipe: 50k); 0: off
+    mixed_precision: str | bool = "no"  # the sampler's network forward: no (fp32) | bf16 autocast
 
 
 @dataclass
@@ -396,6 +400,7 @@ MAX_IMG_SIZE = 4096  # image side of any backbone: a convolution over more is a 
 DATASETS = ("mnist", "cifar10", "celeba64", "imagenet64", "folder", "coco_latents")
 FILE_DATASETS = ("folder", "celeba64", "imagenet64")  # read from image files: data.channels applies
 MIXED_PRECISION = ("no", "fp16", "bf16")
+OPTIM_IMPLEMENTATIONS = ("default", "foreach", "fused")
 LR_SCHEDULES = ("constant", "cosine")
 SCHEDULES = ("vpsde", "ddpm")
 DEVICES = ("auto", "cpu", "cuda")
@@ -535,6 +540,7 @@ def validate(cfg: Config) -> None:
     _positive("train.keep_checkpoints", t.keep_checkpoints, allow_zero=True)
     _positive("sample.every", cfg.sample.every, allow_zero=True)
     _choice("optim.lr_schedule", o.lr_schedule, LR_SCHEDULES)
+    _choice("optim.implementation", o.implementation, OPTIM_IMPLEMENTATIONS)
     if not 0 <= o.min_lr_ratio <= 1:
         raise ScaleLongError(f"optim.min_lr_ratio must lie in [0, 1], got {o.min_lr_ratio}")
     _positive("data.resolution", cfg.data.resolution, allow_zero=True)
@@ -555,6 +561,9 @@ def validate(cfg: Config) -> None:
 
 def _validate_eval(e: EvalConfig) -> None:
     _choice("eval.metric", e.metric, METRIC_NAMES)
+    if e.mixed_precision is False:  # a bare `no` in YAML
+        e.mixed_precision = "no"
+    _choice("eval.mixed_precision", str(e.mixed_precision), ("no", "bf16"))
     _choice("eval.sampler", e.sampler, SAMPLER_NAMES)
     for key in ("num_samples", "steps", "batch_size"):
         _positive(f"eval.{key}", getattr(e, key))

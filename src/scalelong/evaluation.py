@@ -87,12 +87,16 @@ def sample_features(
 
     schedule, shape = build_schedule(cfg.diffusion), model_input_shape(cfg.model)
     num_classes = max(getattr(model, "num_classes", 0), 1)
+    # eval.mixed_precision=bf16: the network's forward only; the sampler's arithmetic stays in fp32
+    # (model_eps_fn casts the output), and so do the features.
+    low = cfg.eval.mixed_precision == "bf16"
     out = []
     for start in tqdm(range(0, len(seeds), batch_size), disable=not progress, unit="batch"):
         chunk = list(seeds[start : start + batch_size])
         labels = torch.tensor(chunk) % num_classes
-        images = generate(model, schedule, sampler, steps, chunk, shape, labels, device)
-        out.append(features(images))
+        with torch.autocast(torch.device(device).type, dtype=torch.bfloat16, enabled=low):
+            images = generate(model, schedule, sampler, steps, chunk, shape, labels, device)
+        out.append(features(images.float()))
     return torch.cat(out)
 
 
@@ -270,6 +274,7 @@ class TrainingEvaluator:
             "fd_samples": n,
             "fd_sampler": self.e.sampler,
             "fd_steps": self.e.steps,
+            "fd_precision": "bf16" if self.e.mixed_precision == "bf16" else "fp32",
             "fd_seconds": time.perf_counter() - t0,
             **digit_record(score.digits),
         }

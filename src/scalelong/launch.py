@@ -48,7 +48,20 @@ def make_accelerator(cfg: Config):
     cpu = resolve_device(t.device, "train.device=").type == "cpu"
     if cpu and t.mixed_precision == "fp16":
         raise ScaleLongError("train.mixed_precision=fp16 needs a GPU; on the CPU use bf16 or no")
-    return Accelerator(cpu=cpu, mixed_precision=t.mixed_precision)
+    precision = t.mixed_precision
+    if cpu and precision == "bf16" and not cpu_has_bf16():
+        print("warning: train.mixed_precision=bf16: this CPU has no bf16 instructions, where bf16 runs "
+              "several times slower than fp32; training in fp32")  # fmt: skip
+        precision = "no"
+    return Accelerator(cpu=cpu, mixed_precision=precision)
+
+
+def cpu_has_bf16() -> bool:
+    """Whether this CPU computes bf16 natively (AVX512-BF16 or AMX), as oneDNN reports it."""
+    try:
+        return bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
+    except (AttributeError, RuntimeError):  # a torch built without oneDNN
+        return False
 
 
 def on_main_process(accelerator, fn: Callable[[], object]) -> object:

@@ -84,6 +84,7 @@ RESUME_FREE_KEYS = (
     "train.log_every",
     "train.compile",
     "train.grad_accum",  # the same steps for any value (up to float summation order)
+    "optim.implementation",  # the same update from every AdamW kernel (up to float rounding)
     "train.checkpoint_every",
     "train.keep_checkpoints",
     "train.tensorboard",

@@ -154,6 +154,32 @@ def lr_factor(step: int, warmup_steps: int, total_steps: int, schedule: str, min
     return 1.0
 
 
+def make_optimizer(params, o, device: torch.device) -> torch.optim.AdamW:
+    """AdamW of ``optim`` (:class:`~scalelong.config.OptimConfig`) with the kernel it names; a torch
+    without a fused AdamW for ``device`` falls back to the default kernel with one line."""
+    kernel = {"default": {}, "foreach": {"foreach": True}, "fused": {"fused": True}}[o.implementation]
+    params = list(params)
+    make = functools.partial(
+        torch.optim.AdamW, params, lr=o.lr, betas=tuple(o.betas), eps=o.eps, weight_decay=o.weight_decay
+    )
+    try:
+        return make(**kernel)
+    except (RuntimeError, TypeError) as e:  # e.g. "`fused=True` requires all the params to be ..."
+        print(f"warning: optim.implementation={o.implementation} is not available on {device.type} "
+              f"({_first_line(e)}); using torch's default AdamW")  # fmt: skip
+        return make()
+
+
+def _first_line(e: BaseException) -> str:
+    return (str(e).strip().splitlines() or [type(e).__name__])[0][:200]
+
+
+def _is_compile_failure(e: BaseException) -> bool:
+    """Whether ``e`` came out of torch.compile's machinery (dynamo or inductor), not out of the model."""
+    mod = type(e).__module__ or ""
+    return mod.startswith(("torch._dynamo", "torch._inductor")) or "InductorError" in type(e).__name__
+
+
 @torch.no_grad()
 def ema_update(ema: nn.Module, model: nn.Module, decay: float) -> None:
     ema_p = list(ema.parameters())
@@ -236,15 +262,12 @@ class Trainer:
         model = build_model(cfg.model)
         self.ema = copy.deepcopy(model).requires_grad_(False).to(accelerator.device)
         self.schedule = build_schedule(cfg.diffusion)
-        o = cfg.optim
-        optimizer = torch.optim.AdamW(
-            model.parameters(), lr=o.lr, betas=tuple(o.betas), eps=o.eps, weight_decay=o.weight_decay
-        )
+        optimizer = make_optimizer(model.parameters(), cfg.optim, accelerator.device)
         self.model, self.optimizer = accelerator.prepare(model, optimizer)
         # train.compile: a compiled view of the prepared model, used for the training forward only.
         # It shares the parameters; state_dict, EMA (copied above), checkpoints and sampling keep
         # using the eager module, and diagnostic steps run eager so their hooks and the skip probe
-        # never cause a recompile (benchmarks/fast_paths.py measures compile time and speed).
+        # never cause a recompile (benchmarks/train_step.py measures compile time and speed).
         self.compiled = torch.compile(self.model) if cfg.train.compile else None
         self.params = [p for p in self.model.parameters() if p.requires_grad]
         # One generator for the whole global batch, advanced alike on every process.
@@ -382,11 +405,19 @@ class Trainer:
         if d.drop_caption is not None:  # classifier-free guidance learns the unconditional model
             null = self.null_context.to(dev, labels.dtype)
             labels = torch.where(d.drop_caption.to(dev)[:, None, None], null, labels)
-        net = self.model if self.compiled is None or eager else self.compiled
         cond = conditioning(self.unwrapped, labels)
         t, noise = d.t.to(dev), d.noise.to(dev)
-        loss = denoising_loss(net, self.schedule, x0, t, noise, **cond).mean()
-        return loss, input_free_loss(self.schedule, x0, t, noise, self.mean_image).mean()
+        if self.compiled is not None and not eager:
+            try:
+                loss = denoising_loss(self.compiled, self.schedule, x0, t, noise, **cond)
+            except Exception as e:  # inductor without a C++ compiler, an unsupported op, ...
+                if not _is_compile_failure(e):
+                    raise
+                print(f"warning: train.compile: torch.compile failed ({_first_line(e)}); training eager")
+                self.compiled = None
+        if self.compiled is None or eager:
+            loss = denoising_loss(self.model, self.schedule, x0, t, noise, **cond)
+        return loss.mean(), input_free_loss(self.schedule, x0, t, noise, self.mean_image).mean()
 
     @functools.cached_property
     def mean_image(self) -> torch.Tensor:
