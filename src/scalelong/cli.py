@@ -389,6 +389,7 @@ def cmd_sweep(args: argparse.Namespace) -> int:
 def cmd_analyze(args: argparse.Namespace) -> int:
     import math
 
+    from scalelong.diagnostics import headroom_warning
     from scalelong.plots import load_metrics, write_plots
     from scalelong.runs import RunDir, writer_of
 
@@ -417,6 +418,9 @@ def cmd_analyze(args: argparse.Namespace) -> int:
         )
     for path in paths:
         print(path)
+    headroom = headroom_warning(records)
+    if headroom is not None:
+        print(headroom)
     return 0
 
 

@@ -28,7 +28,8 @@ from scalelong.skips import DEFAULT_KAPPA, MERGE_LAYER_METHODS, PAPER_METHODS, c
 class SkipConfig:
     # the paper's none | sqrt2 | cs | ls | ls-nonshare, or (not the paper's) skip-norm | merge-norm | cs-init
     method: str = "none"
-    kappa: float | None = None  # cs, cs-init: skip i (1 = outermost) gets kappa ** (i - 1); None: 0.5 U-ViT, 0.9 UNets
+    # cs, cs-init: skip i (1 = outermost) gets kappa ** (i - 1); None: 0.5 U-ViT, 0.9 UNets
+    kappa: float | None = None
     ls_reduction: int = 16  # squeeze-excitation reduction of the LS gates
 
 

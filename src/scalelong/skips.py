@@ -100,7 +100,9 @@ def skip_coefficients(method: str, num_skips: int, kappa: float = 0.5) -> list[f
     if method == "cs":
         return [float(kappa) ** (i - 1) for i in range(1, num_skips + 1)]
     if method == "skip-norm":
-        raise ScaleLongError("method 'skip-norm' normalises the skips instead of scaling them; it has no coefficients")
+        raise ScaleLongError(
+            "method 'skip-norm' normalises the skips instead of scaling them; it has no coefficients"
+        )
     raise ScaleLongError(f"method {method!r} learns its coefficients; it has no constant ones")
 
 
@@ -306,6 +308,11 @@ class SkipScaling(nn.Module):
         """The blocks declared by :meth:`watch_blocks`, or None when none were."""
         return self.__dict__.get("_watched_blocks")
 
+    @property
+    def has_coefficients(self) -> bool:
+        """Whether the skip is multiplied by a coefficient (every method but ``skip-norm``)."""
+        return self.method != "skip-norm"
+
     def coefficients(self) -> list[float | None]:
         """Constant coefficient of each skip (outermost first); ``None`` where it is learned, and
         for ``skip-norm``, which normalises the skip instead of scaling it."""
@@ -381,7 +388,6 @@ def _groups(channels: int, groups: int) -> int:
             f"skip-norm's GroupNorm: {groups} groups do not divide a skip of {channels} channels"
         )
     return groups
-
 
 
 # ----------------------------------------------------------------------------- finding and showing skips

@@ -224,7 +224,12 @@ class UNet(nn.Module):
         self.conv_out = nn.Conv2d(ch, in_channels, 3, padding=1)
 
         self.skip_scaling = SkipScaling(
-            skip_method, len(skip_ch), kappa, reduction=ls_reduction, skip_channels=skip_ch, norm_groups=norm_groups
+            skip_method,
+            len(skip_ch),
+            kappa,
+            reduction=ls_reduction,
+            skip_channels=skip_ch,
+            norm_groups=norm_groups,
         )
 
     @property
