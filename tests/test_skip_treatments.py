@@ -11,7 +11,7 @@ import torch
 import torch.nn.functional as F
 
 from conftest import tiny_uvit_overrides
-from scalelong.adapters import apply_scalelong
+from scalelong.adapters import apply_scalelong, load_uvit_checkpoint
 from scalelong.cli import main
 from scalelong.compare import parse_methods
 from scalelong.config import load_config
@@ -189,6 +189,19 @@ def test_state_dict_round_trip_and_an_ema_copy_with_its_own_norms(method):
     perturb(ema.skip_scaling, seed=3)
     assert not torch.allclose(ema(x, t), before)
     assert torch.equal(model(x, t), before)  # the original kept its norms
+
+
+@pytest.mark.parametrize("method", ["skip-norm", "merge-norm"])
+def test_a_checkpoint_without_norms_loads_and_leaves_them_at_identity(method, tmp_path):
+    released = uvit("none")
+    perturb(released)
+    torch.save(released.state_dict(), tmp_path / "nnet.pth")
+    shape = dict(img_size=8, patch_size=2, in_channels=1, embed_dim=D, depth=DEPTH, num_heads=2)
+    model = load_uvit_checkpoint(tmp_path / "nnet.pth", {**shape, "skip_method": method})
+    state = model.state_dict()
+    assert all(torch.equal(state[k], v) for k, v in released.state_dict().items())
+    for norm in model.skip_scaling.norms:
+        assert torch.equal(norm.weight, torch.ones(D)) and torch.equal(norm.bias, torch.zeros(D))
 
 
 def test_backbones_without_a_merge_layer_refuse_in_one_line():
