@@ -144,3 +144,15 @@ def test_diagnostics_record_finite_norms_of_the_named_blocks(name):
     for i in range(1, case.num_skips + 1):
         assert 0 < record[f"skip/{i}/coef_min"] <= record[f"skip/{i}/coef_max"] < 1
     assert record["nonfinite_values"] == 0
+
+
+@pytest.mark.parametrize("method", ["skip-norm", "merge-norm", "cs-init"])
+def test_the_methods_beyond_the_paper_s_are_refused_whole(name, method):
+    case = CASES[name]
+    model = case.build()
+    before, keys = case.run(model), list(model.state_dict())
+    refusal = f"^apply_scalelong supports the methods .*; '{method}' is built"
+    with pytest.raises(ScaleLongError, match=refusal):
+        apply_scalelong(model, method, **case.declare(model))
+    assert not is_applied(model) and not hasattr(model, "scalelong") and list(model.state_dict()) == keys
+    assert torch.equal(case.run(model), before)

@@ -17,6 +17,7 @@ SHIPPED = [
     "demo",
     "imagenet64_uvit_m4",
     "mscoco_uvit_s2_t2i",
+    "stability",
 ]
 # Every command whose first argument is a config, with the arguments it needs besides.
 CONFIG_COMMANDS = {"train": [], "info": [], "compare": [], "sweep": [], "fid-stats": ["--out", "stats.npz"]}
@@ -93,6 +94,23 @@ def test_the_command_line_takes_a_preset_name(tmp_path, monkeypatch, capsys):
     code, from_name, err = run_cli(capsys, "info", "cifar10_uvit_s2", "model.skip.method=cs")
     assert code == 0, err
     assert "44,255,328 parameters" in from_name
+
+
+def test_the_stability_preset_is_the_demo_network_at_a_constant_lr(capsys):
+    stability, demo = config_to_dict(load_config("stability")), config_to_dict(load_config("demo"))
+    for section in ("model", "data", "diffusion"):
+        assert stability[section] == demo[section], section
+    assert stability["train"]["ema_decay"] == demo["train"]["ema_decay"]
+    o = stability["optim"]
+    assert (o["lr_schedule"], o["betas"], o["weight_decay"]) == ("constant", [0.99, 0.999], 0.03)
+    assert o["lr"] == demo["optim"]["lr"] and 0 < o["warmup_steps"] < stability["train"]["steps"]
+    assert stability["train"]["steps"] - o["warmup_steps"] >= 1000  # 1,000 steps at the constant lr
+    assert stability["eval"]["every"] == 0
+    d = stability["diagnostics"]
+    assert (d["every"], d["noise_levels"], d["noise_levels_every"]) == (25, 256, 600)
+    code, out, err = run_cli(capsys, "train", "stability", "--dry-run")
+    assert code == 0, err
+    assert "lr_schedule: constant" in out and "skips: cs, kappa=0.5" in out and "data: " in out
 
 
 def test_every_config_command_is_covered():

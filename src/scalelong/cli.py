@@ -69,16 +69,18 @@ def _print_info(cfg, dry_run: bool = False) -> int:
 
     from scalelong.build import check_model, count_parameters
     from scalelong.config import config_to_dict
-    from scalelong.skips import skip_table
+    from scalelong.skips import KAPPA_METHODS, PAPER_METHODS, skip_table
 
     model = check_model(cfg.model)  # on the meta device: shapes checked, counted, no weights made
     if dry_run:
         print(yaml.safe_dump(config_to_dict(cfg), sort_keys=False).rstrip())
         print()
     print(f"model: {cfg.model.type}, {count_parameters(model):,} parameters")
+    method = cfg.model.skip.method
     print(
-        f"skips: {cfg.model.skip.method}"
-        + (f", kappa={cfg.model.skip.kappa:g}" if cfg.model.skip.method == "cs" else "")
+        f"skips: {method}"
+        + (f", kappa={cfg.model.skip.kappa:g}" if method in KAPPA_METHODS else "")
+        + ("" if method in PAPER_METHODS else " (not one of the paper's methods; docs/method.md)")
     )
     print(skip_table(model))
     if dry_run:
@@ -387,6 +389,7 @@ def cmd_sweep(args: argparse.Namespace) -> int:
 def cmd_analyze(args: argparse.Namespace) -> int:
     import math
 
+    from scalelong.diagnostics import headroom_warning
     from scalelong.plots import load_metrics, write_plots
     from scalelong.runs import RunDir, writer_of
 
@@ -415,6 +418,9 @@ def cmd_analyze(args: argparse.Namespace) -> int:
         )
     for path in paths:
         print(path)
+    headroom = headroom_warning(records)
+    if headroom is not None:
+        print(headroom)
     return 0
 
 

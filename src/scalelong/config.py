@@ -21,13 +21,15 @@ import yaml
 from scalelong.errors import ScaleLongError
 from scalelong.models.unet import layout_problem as unet_layout_problem
 from scalelong.presets import resolve_config
-from scalelong.skips import DEFAULT_KAPPA, check_method
+from scalelong.skips import DEFAULT_KAPPA, MERGE_LAYER_METHODS, PAPER_METHODS, check_method
 
 
 @dataclass
 class SkipConfig:
-    method: str = "none"  # none | sqrt2 | cs | ls | ls-nonshare
-    kappa: float | None = None  # cs: skip i (1 = outermost) gets kappa ** (i - 1); None: 0.5 U-ViT, 0.9 UNets
+    # the paper's none | sqrt2 | cs | ls | ls-nonshare, or (not the paper's) skip-norm | merge-norm | cs-init
+    method: str = "none"
+    # cs, cs-init: skip i (1 = outermost) gets kappa ** (i - 1); None: 0.5 U-ViT, 0.9 UNets
+    kappa: float | None = None
     ls_reduction: int = 16  # squeeze-excitation reduction of the LS gates
 
 
@@ -441,6 +443,7 @@ def validate(cfg: Config) -> None:
         check_method(m.skip.method, m.skip.kappa)
     except ScaleLongError as e:
         raise ScaleLongError(f"model.skip: {e}") from None
+    _check_backbone_method(m)
     _positive("model.skip.ls_reduction", m.skip.ls_reduction)
     for key, side in (
         ("uvit.img_size", m.uvit.img_size),
@@ -457,6 +460,11 @@ def validate(cfg: Config) -> None:
             _positive(f"model.uvit.{key}", getattr(u, key))
         _choice("model.uvit.skip_linear_init", u.skip_linear_init, SKIP_LINEAR_INITS)
         _choice("model.uvit.skip_linear_skip_scale_init", u.skip_linear_skip_scale_init, SKIP_SCALE_INITS)
+        if u.skip_linear_skip_scale_init != "none" and m.skip.method == "cs-init":
+            raise ScaleLongError(
+                "model.skip.method=cs-init already scales the skip_linear weights as "
+                "model.uvit.skip_linear_skip_scale_init=cs does: set the option to none"
+            )
         if u.skip_linear_skip_scale_init != "none" and m.skip.method != "none":
             raise ScaleLongError(
                 f"model.uvit.skip_linear_skip_scale_init={u.skip_linear_skip_scale_init} moves cs's scaling "
@@ -557,6 +565,22 @@ def validate(cfg: Config) -> None:
     _validate_eval(cfg.eval)
     if not cfg.name or "/" in cfg.name or cfg.name in (".", ".."):
         raise ScaleLongError(f"name={cfg.name!r} must be a plain folder name")
+
+
+def _check_backbone_method(m: ModelConfig) -> None:
+    """The methods beyond the paper's are built into the package's own backbones only."""
+    method = m.skip.method
+    if m.type == "diffusers_unet2d" and method not in PAPER_METHODS:
+        raise ScaleLongError(
+            f"model.skip.method={method} is built into the package's backbones (model.type uvit or unet); "
+            f"with model.type=diffusers_unet2d choose one of {', '.join(PAPER_METHODS)}"
+        )
+    if m.type == "unet" and method in MERGE_LAYER_METHODS:
+        raise ScaleLongError(
+            f"model.skip.method={method} needs one merge layer per skip (model.type=uvit has skip_linear); "
+            "model.type=unet concatenates each skip into its decoder block: use "
+            + ("skip-norm" if method == "merge-norm" else "cs")
+        )
 
 
 def _validate_eval(e: EvalConfig) -> None:

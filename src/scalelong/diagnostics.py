@@ -54,12 +54,19 @@ the record and disarms the hooks). Create :class:`Diagnostics` after ``apply_sca
 Metric names (flat, ready for metrics.jsonl and TensorBoard; skip 1 is the outermost):
 
 * ``skip/<i>/norm_in``, ``skip/<i>/norm_out``: mean per-sample L2 norm of skip i before and
-  after scaling; ``skip/<i>/coef_mean|coef_min|coef_max``: its coefficient (for LS over the
-  batch and tokens; for constant methods all three equal the constant).
+  after scaling (after ``skip-norm``'s normalisation: the tensor that is merged);
+  ``skip/<i>/coef_mean|coef_min|coef_max``: its coefficient (for LS over the batch and tokens;
+  for constant methods all three equal the constant; left out under ``skip-norm``, which has
+  none); ``skip/<i>/absmax_in``: the largest absolute value of skip i before scaling.
 * ``block/<name>/feature_norm``: mean per-sample L2 norm of the block's output (the paper's
-  "norm of feature", Fig. 1); ``block/<name>/grad_norm``: L2 norm of its parameter gradient.
+  "norm of feature", Fig. 1); ``block/<name>/grad_norm``: L2 norm of its parameter gradient;
+  ``block/<name>/absmax``: the largest absolute value of its output.
   Block names are those of :func:`find_blocks` (a diffusers UNet: ``down_blocks.0``, ...,
   ``mid_block``, ``up_blocks.0``, ...).
+* ``fp16/headroom``: fp16's largest finite value, 65,504, over the largest of this step's
+  ``absmax`` and ``absmax_in``: how many times the features could still grow before half
+  precision overflows (:func:`fp16_headroom`). ``scalelong analyze`` prints one line when a run
+  came within 10x of it (:func:`headroom_warning`).
 * ``feature_norm`` (mean over blocks), ``block_grad_norm`` (L2 over all blocks), and for these
   and ``loss``: ``osc/<series>_std``, ``osc/<series>_range``, ``osc/<series>_peak_ratio``
   (largest / median) over the last ``window`` logged values.
@@ -69,7 +76,7 @@ Metric names (flat, ready for metrics.jsonl and TensorBoard; skip 1 is the outer
 The loss itself is not in the record: log it as ``loss`` (:meth:`RunLog.write` does).
 Norms are per sample and averaged over the batch, so they do not depend on the batch size. If
 an armed step runs several forwards (gradient-accumulation micro-batches), the statistics cover
-them all (norms and mean coefficients averaged over every sample, min and max over all), so
+them all (norms and mean coefficients averaged over every sample, min, max and absmax over all), so
 they equal those of one forward of the whole batch, and the gradient norms are those of the
 accumulated gradient.
 Non-finite values are recorded as they are and counted, never dropped.
@@ -94,7 +101,14 @@ from scalelong.skips import SkipScaling, find_skip_scaling
 from scalelong.tracking import Tracker
 
 OSC_SERIES = ("feature_norm", "block_grad_norm", "loss")
-SKIP_KEYS = ("norm_in", "norm_out", "coef_mean", "coef_min", "coef_max")
+SKIP_KEYS = ("norm_in", "norm_out", "coef_mean", "coef_min", "coef_max", "absmax_in")
+# How the statistics of two forwards of one armed step combine (gradient-accumulation micro-batches).
+_SKIP_KINDS = {
+    "norm_in": "mean", "norm_out": "mean", "coef_mean": "mean", "coef_min": "min", "coef_max": "max",
+    "absmax_in": "max",
+}  # fmt: skip
+FP16_MAX = 65504.0  # torch.finfo(torch.float16).max: the largest finite half-precision value
+HEADROOM_WARNING = 10.0  # `scalelong analyze` speaks up when a run came within this factor of FP16_MAX
 
 
 def unwrap(model: nn.Module) -> nn.Module:
@@ -143,6 +157,11 @@ def find_blocks(model: nn.Module) -> dict[str, nn.Module]:
 def _sample_norm(x: torch.Tensor) -> torch.Tensor:
     """Mean over the batch of per-sample L2 norms, in float32, detached: a 0-d tensor."""
     return x.detach().float().flatten(1).norm(dim=1).mean()
+
+
+def _absmax(x: torch.Tensor) -> torch.Tensor:
+    """The largest absolute value in ``x``, in float32, detached: a 0-d tensor (NaN if any is NaN)."""
+    return x.detach().abs().amax().float()
 
 
 def _merge(old: list | None, new: list, kinds: Sequence[str]) -> list:
@@ -307,24 +326,34 @@ class Diagnostics:
 
     # Kept as tensors (one device-to-host copy per logged step, in collect()), with the sample
     # count last, so the forwards of several micro-batches merge into the statistics of their union.
-    _SKIP_KINDS = ("mean", "mean", "mean", "min", "max")  # norm_in, norm_out, coef_mean, coef_min, coef_max
 
-    def _probe(self, index: int, skip: torch.Tensor, coef: torch.Tensor | float, out: torch.Tensor) -> None:
+    def _skip_keys(self) -> tuple[str, ...]:
+        """The per-skip statistics this model's method has: no ``coef_*`` under ``skip-norm``."""
+        if self.scaling is not None and not self.scaling.has_coefficients:
+            return tuple(k for k in SKIP_KEYS if not k.startswith("coef_"))
+        return SKIP_KEYS
+
+    def _probe(
+        self, index: int, skip: torch.Tensor, coef: torch.Tensor | float | None, out: torch.Tensor
+    ) -> None:
         if isinstance(coef, torch.Tensor):
             c = coef.detach().float()
             c_stats = [c.mean(), c.min(), c.max()]
-        else:
+        elif coef is not None:
             c_stats = [torch.tensor(float(coef))] * 3
-        new = [_sample_norm(skip), _sample_norm(out), *c_stats, skip.shape[0]]
-        self._skips[index] = _merge(self._skips.get(index), new, self._SKIP_KINDS)
+        else:  # skip-norm: the skip is normalised, not scaled
+            c_stats = []
+        new = [_sample_norm(skip), _sample_norm(out), *c_stats, _absmax(skip), skip.shape[0]]
+        kinds = [_SKIP_KINDS[k] for k in self._skip_keys()]
+        self._skips[index] = _merge(self._skips.get(index), new, kinds)
 
     def _feature_hook(self, name: str):
         def hook(module: nn.Module, args: object, output: object) -> None:
             if isinstance(output, (tuple, list)):  # blocks that also return extras: first is the feature
                 output = output[0]
             if isinstance(output, torch.Tensor):
-                new = [_sample_norm(output), output.shape[0]]
-                self._features[name] = _merge(self._features.get(name), new, ("mean",))
+                new = [_sample_norm(output), _absmax(output), output.shape[0]]
+                self._features[name] = _merge(self._features.get(name), new, ("mean", "max"))
 
         return hook
 
@@ -340,19 +369,20 @@ class Diagnostics:
         names: list[str] = []
         tensors: list[torch.Tensor | None] = []
         n_skips = self.scaling.num_skips if self.scaling is not None else 0
+        skip_keys = self._skip_keys()
         for i in range(1, n_skips + 1):
             # A skip that did not run this step is recorded as NaN rather than left out.
             stats = self._skips.get(i)
-            names += [f"skip/{i}/{key}" for key in SKIP_KEYS]
-            tensors += stats[:-1] if stats is not None else [None] * len(SKIP_KEYS)
+            names += [f"skip/{i}/{key}" for key in skip_keys]
+            tensors += stats[:-1] if stats is not None else [None] * len(skip_keys)
         for name, block in self.blocks.items():
             grads = [p.grad.detach() for p in block.parameters() if p.grad is not None]
             gnorm = (
                 torch.linalg.vector_norm(torch.stack([g.float().norm() for g in grads])) if grads else None
             )
-            feature = self._features.get(name)
-            names += [f"block/{name}/feature_norm", f"block/{name}/grad_norm"]
-            tensors += [None if feature is None else feature[0], gnorm]
+            feature = self._features.get(name) or [None, None]
+            names += [f"block/{name}/feature_norm", f"block/{name}/grad_norm", f"block/{name}/absmax"]
+            tensors += [feature[0], gnorm, feature[1]]
         # Missing measurements (a skip or block that did not run, a frozen block) become NaN in
         # the record but are not counted as non-finite values of the model.
         measured = [t for t in tensors if t is not None]
@@ -371,6 +401,11 @@ class Diagnostics:
         grads = [out[f"block/{n}/grad_norm"] for n in self.blocks]
         out["feature_norm"] = sum(feats) / len(feats) if feats else math.nan
         out["block_grad_norm"] = math.sqrt(sum(g * g for g in grads)) if grads else math.nan
+        # Over what was measured: a skip or block that did not run is no NaN of the model's.
+        absmax = (
+            v for k, t, v in zip(names, tensors, values, strict=True) if t is not None and _is_absmax(k)
+        )
+        out["fp16/headroom"] = fp16_headroom(absmax)
         loss = float(loss)
         # Counted over the measurements only: early window statistics are NaN by design.
         nonfinite = sum(not math.isfinite(v) for v in values_measured) + (not math.isfinite(loss))
@@ -392,6 +427,55 @@ class Diagnostics:
         past = [v for v in self.history["loss"] if math.isfinite(v)]
         # Three earlier values at least, so one odd value early in training is not a reference.
         return len(past) >= 3 and loss > self.spike_factor * statistics.median(past)
+
+
+# ---------------------------------------------------------------------- fp16 headroom
+
+
+def _is_absmax(key: str) -> bool:
+    return key.endswith(("/absmax", "/absmax_in"))
+
+
+def fp16_headroom(absmaxes: Iterable[float]) -> float:
+    """``FP16_MAX`` / the largest of ``absmaxes`` (the recorded largest absolute values): how many
+    times larger the features could grow before half precision overflows. Below 1 they already
+    exceed it (measured in fp32 or bf16; in fp16 they are inf, giving 0). NaN when a value is NaN
+    (nothing can be said) or none was measured; inf when every value is 0."""
+    values = list(absmaxes)
+    if not values or any(math.isnan(v) for v in values):
+        return math.nan
+    largest = max(values)
+    return FP16_MAX / largest if largest > 0 else math.inf
+
+
+def headroom_warning(records: Sequence[Mapping[str, object]]) -> str | None:
+    """One line when a run came within ``HEADROOM_WARNING`` times of fp16's largest finite value:
+    the first such step, the tensor with the largest absolute value there and that value, and the
+    lowest headroom of the run; None when it never did (or logged no ``fp16/headroom``)."""
+
+    def number(value: object) -> float:
+        try:
+            return float(value)  # type: ignore[arg-type]  # the log's "nan" / "inf" strings too
+        except (TypeError, ValueError):
+            return math.nan
+
+    close = [
+        (int(r["step"]), number(r["fp16/headroom"]), r)
+        for r in records
+        if "fp16/headroom" in r and number(r["fp16/headroom"]) < HEADROOM_WARNING
+    ]
+    if not close:
+        return None
+    step, headroom, record = min(close, key=lambda c: c[0])
+    absmax = {k: number(v) for k, v in record.items() if _is_absmax(str(k))}
+    tensor, value = max(absmax.items(), key=lambda kv: kv[1], default=("?", math.nan))
+    lowest_step, lowest, _ = min(close, key=lambda c: c[1])
+    came = "went past" if headroom < 1 else f"came within {HEADROOM_WARNING:g}x of"
+    return (
+        f"fp16 headroom: at step {step} the run {came} fp16's largest value ({FP16_MAX:g}): "
+        f"{tensor} = {value:.4g} (headroom {headroom:.3g}); "
+        f"lowest headroom {lowest:.3g} at step {lowest_step}"
+    )
 
 
 # ---------------------------------------------------------------------- robustness
@@ -587,6 +671,7 @@ class RunLog:
 
 
 __all__ = [
+    "FP16_MAX",
     "Diagnostics",
     "RunLog",
     "find_blocks",
@@ -594,4 +679,6 @@ __all__ = [
     "noised",
     "window_stats",
     "robustness",
+    "fp16_headroom",
+    "headroom_warning",
 ]

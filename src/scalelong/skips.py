@@ -7,17 +7,36 @@ Index convention (everywhere: API, logs, plots): skip ``1`` is the outermost ski
 the first encoder block, whose partner is the last decoder block); skip ``N`` is the innermost,
 next to the middle block. ``cs`` gives skip ``i`` the coefficient ``kappa ** (i - 1)``.
 
-Methods (Huang et al., "ScaleLong", NeurIPS 2023, Sec. 4):
+The paper's five methods (Huang et al., "ScaleLong", NeurIPS 2023, Sec. 4):
 
-    ========== ===================================== ==================================
-    name       coefficient on skip i                 paper
-    ========== ===================================== ==================================
-    none       1                                     Org
-    sqrt2      2 ** -0.5                             1/sqrt(2)-CS (Imagen-style)
-    cs         kappa ** (i - 1)                      Constant Scaling
-    ls         zeta(skip_i), one module for all      Learnable Scaling
-    ls-nonshare zeta_i(skip_i), one module per skip  Learnable Scaling, not shared
-    ========== ===================================== ==================================
+    =========== ===================================== ==================================
+    name        coefficient on skip i                 paper
+    =========== ===================================== ==================================
+    none        1                                     Org
+    sqrt2       2 ** -0.5                             1/sqrt(2)-CS (Imagen-style)
+    cs          kappa ** (i - 1)                      Constant Scaling
+    ls          zeta(skip_i), one module for all      Learnable Scaling
+    ls-nonshare zeta_i(skip_i), one module per skip   Learnable Scaling, not shared
+    =========== ===================================== ==================================
+
+Three treatments that are not the paper's, for comparing ScaleLong with what others do:
+
+    =========== ===================================== ==================================
+    name        what happens to skip i                source
+    =========== ===================================== ==================================
+    skip-norm   LayerNorm(skip_i) is merged           U-ViT pull request #31
+    merge-norm  merged unscaled; LayerNorm after the  Hunyuan-DiT (arXiv 2405.08748)
+                merge layer
+    cs-init     merged unscaled; the merge layer's    a control for cs
+                skip weights start x kappa ** (i - 1)
+    =========== ===================================== ==================================
+
+``skip-norm`` has no coefficient (:meth:`SkipScaling.coefficients` gives None, the diagnostics
+log no ``coef_*`` for it); on a convolutional backbone its norm is a GroupNorm over the skip's
+channels. ``merge-norm`` and ``cs-init`` have coefficient 1 on the skip itself and need a
+backbone that merges each skip through one linear layer of its own (the U-ViT's
+``skip_linear``): it calls :meth:`SkipScaling.after_merge` on that layer's output and scales
+that layer's skip weights by :meth:`SkipScaling.merge_weight_scales` at initialisation.
 
 Learned gates: on transformer tokens (``num_tokens``) the released :class:`TokenGate`; on
 convolutional skips (``skip_channels``) a per-skip :class:`ChannelGate` for ``ls-nonshare`` and
@@ -36,17 +55,22 @@ from torch import nn
 
 from scalelong.errors import ScaleLongError
 
-METHODS = ("none", "sqrt2", "cs", "ls", "ls-nonshare")
-CONSTANT_METHODS = ("none", "sqrt2", "cs")
-LEARNED_METHODS = ("ls", "ls-nonshare")
+PAPER_METHODS = ("none", "sqrt2", "cs", "ls", "ls-nonshare")  # the five of the paper's code
+METHODS = (*PAPER_METHODS, "skip-norm", "merge-norm", "cs-init")
+CONSTANT_METHODS = ("none", "sqrt2", "cs", "merge-norm", "cs-init")  # a constant coefficient on the skip
+LEARNED_METHODS = ("ls", "ls-nonshare")  # a learned gate computes the coefficient
+NORM_METHODS = ("skip-norm", "merge-norm")  # a normalisation per skip (in SkipScaling.norms)
+KAPPA_METHODS = ("cs", "cs-init")  # the methods that read kappa
+MERGE_LAYER_METHODS = ("merge-norm", "cs-init")  # need a backbone with one merge layer per skip
 
 # The default kappa of ``cs`` per backbone family, the one place an unset kappa is resolved from.
 # U-ViT (6-8 skips): the paper's 0.5. Convolutional UNets have 10-16 skips, where 0.5 would scale
 # the innermost of 12 by 0.5 ** 11 = 5e-4: 0.9 (benchmarks/unet_kappa_sweep.py; 0.9 ** 11 = 0.31).
 DEFAULT_KAPPA = {"uvit": 0.5, "unet": 0.9}
 
-# A probe sees every merge: (index, incoming skip, coefficient, scaled skip). Diagnostics use it.
-SkipProbe = Callable[[int, torch.Tensor, "torch.Tensor | float", torch.Tensor], None]
+# A probe sees every merge: (index, incoming skip, coefficient, the skip that is merged). The
+# coefficient is None under skip-norm, which normalises the skip instead. Diagnostics use it.
+SkipProbe = Callable[[int, torch.Tensor, "torch.Tensor | float | None", torch.Tensor], None]
 
 
 def check_method(method: str, kappa: float = 0.5, num_skips: int = 1) -> None:
@@ -65,15 +89,20 @@ def skip_coefficients(method: str, num_skips: int, kappa: float = 0.5) -> list[f
     >>> skip_coefficients("cs", 3, 0.5)
     [1.0, 0.5, 0.25]
 
-    Learned methods have no constant coefficient and raise :class:`ScaleLongError`.
+    ``merge-norm`` and ``cs-init`` merge the skip unscaled: 1 for every skip. Learned methods and
+    ``skip-norm`` have no constant coefficient and raise :class:`ScaleLongError`.
     """
     check_method(method, kappa, num_skips)
-    if method == "none":
+    if method in ("none", "merge-norm", "cs-init"):
         return [1.0] * num_skips
     if method == "sqrt2":
         return [2.0**-0.5] * num_skips
     if method == "cs":
         return [float(kappa) ** (i - 1) for i in range(1, num_skips + 1)]
+    if method == "skip-norm":
+        raise ScaleLongError(
+            "method 'skip-norm' normalises the skips instead of scaling them; it has no coefficients"
+        )
     raise ScaleLongError(f"method {method!r} learns its coefficients; it has no constant ones")
 
 
@@ -174,16 +203,26 @@ class SkipScaling(nn.Module):
     Args:
         method: one of :data:`METHODS`.
         num_skips: number of long skips N of the backbone.
-        kappa: base of ``cs``: skip i gets ``kappa ** (i - 1)``; must lie in (0, 1].
+        kappa: base of ``cs`` (and ``cs-init``): skip i gets ``kappa ** (i - 1)``; must lie in (0, 1].
         num_tokens: token count L of a transformer backbone; builds the LS token gate.
         reduction: squeeze-excitation reduction ratio r of the LS gates.
         skip_channels: channels of each skip (outermost first) of a convolutional backbone;
             builds :class:`ChannelGate` per skip (``ls-nonshare``) or one
-            :class:`SharedChannelGate` (``ls``). Give either this or ``num_tokens``.
+            :class:`SharedChannelGate` (``ls``), and the GroupNorms of ``skip-norm``. Give either
+            this or ``num_tokens`` / ``skip_dim``.
+        skip_dim: width D of (B, L, D) token skips; builds the LayerNorms of ``skip-norm``.
+        merge_dim: width of the output of the layer that merges each skip, given by a backbone
+            that has one such linear layer per skip (the U-ViT's ``skip_linear``), passes its
+            output through :meth:`after_merge` and scales its skip weights at initialisation by
+            :meth:`merge_weight_scales`. None: no such layer; ``merge-norm`` and ``cs-init`` are
+            refused.
+        norm_groups: groups of the ``skip-norm`` GroupNorm on feature maps (capped at the width).
 
     ``forward(skip, index)`` returns the tensor the decoder merges in place of ``skip``.
-    With ``none`` it returns ``skip`` itself, so the backbone is bit-identical to one with
-    no scaling at all.
+    With ``none`` it returns ``skip`` itself, and ``after_merge(h, index)`` returns ``h`` itself for
+    every method but ``merge-norm``, so the backbone is bit-identical to one with no scaling at all.
+    The normalisations of ``skip-norm`` and ``merge-norm`` (``norms[i - 1]`` serves skip i) start
+    at the identity affine map (weight 1, bias 0), as PyTorch initialises them.
     """
 
     def __init__(
@@ -195,6 +234,9 @@ class SkipScaling(nn.Module):
         num_tokens: int | None = None,
         reduction: int = 16,
         skip_channels: Sequence[int] | None = None,
+        skip_dim: int | None = None,
+        merge_dim: int | None = None,
+        norm_groups: int = 32,
     ):
         super().__init__()
         check_method(method, kappa, num_skips)
@@ -205,14 +247,34 @@ class SkipScaling(nn.Module):
         self.probe: SkipProbe | None = None
         self._constants: list[float] | None = None
         self.gates = nn.ModuleList()
-        if method in CONSTANT_METHODS:
-            self._constants = skip_coefficients(method, num_skips, kappa)
-        elif skip_channels is not None:
+        self.norms = nn.ModuleList()
+        if skip_channels is not None:
             skip_channels = [int(c) for c in skip_channels]
             if len(skip_channels) != num_skips:
                 raise ScaleLongError(
                     f"skip_channels lists {len(skip_channels)} widths but the backbone has {num_skips} skips"
                 )
+        if method in MERGE_LAYER_METHODS and merge_dim is None:
+            raise ScaleLongError(
+                f"method {method!r} needs a backbone that merges each skip through one linear layer of its "
+                "own (the U-ViT's skip_linear); this one has none: use "
+                + ("skip-norm" if method == "merge-norm" else "cs")
+            )
+        if method in CONSTANT_METHODS:
+            self._constants = skip_coefficients(method, num_skips, kappa)
+            if method == "merge-norm":
+                self.norms.extend(nn.LayerNorm(merge_dim) for _ in range(num_skips))
+        elif method == "skip-norm":
+            if skip_channels is not None:
+                self.norms.extend(nn.GroupNorm(_groups(c, norm_groups), c, eps=1e-6) for c in skip_channels)
+            elif skip_dim is not None:
+                self.norms.extend(nn.LayerNorm(skip_dim) for _ in range(num_skips))
+            else:
+                raise ScaleLongError(
+                    "method 'skip-norm' needs the skip layout: pass skip_dim for (B, L, D) token skips or "
+                    "skip_channels for (B, C, H, W) feature maps"
+                )
+        elif skip_channels is not None:
             if method == "ls":
                 self.gates.append(SharedChannelGate(skip_channels))
             else:
@@ -228,7 +290,8 @@ class SkipScaling(nn.Module):
 
     @property
     def learned(self) -> bool:
-        return self._constants is None
+        """Whether a learned gate computes the coefficients (``ls``, ``ls-nonshare``)."""
+        return self.method in LEARNED_METHODS
 
     def watch_blocks(self, blocks: Mapping[str, nn.Module]) -> None:
         """Declare the model's blocks, in forward order, whose hidden features the diagnostics record.
@@ -245,11 +308,25 @@ class SkipScaling(nn.Module):
         """The blocks declared by :meth:`watch_blocks`, or None when none were."""
         return self.__dict__.get("_watched_blocks")
 
+    @property
+    def has_coefficients(self) -> bool:
+        """Whether the skip is multiplied by a coefficient (every method but ``skip-norm``)."""
+        return self.method != "skip-norm"
+
     def coefficients(self) -> list[float | None]:
-        """Constant coefficient of each skip (outermost first); ``None`` where it is learned."""
+        """Constant coefficient of each skip (outermost first); ``None`` where it is learned, and
+        for ``skip-norm``, which normalises the skip instead of scaling it."""
         if self._constants is None:
             return [None] * self.num_skips
         return list(self._constants)
+
+    def merge_weight_scales(self) -> list[float] | None:
+        """``cs-init``: what a backbone with one merge layer per skip multiplies that layer's skip
+        weights by at initialisation, outermost skip first (cs's ``kappa ** (i - 1)``); None for
+        every other method."""
+        if self.method != "cs-init":
+            return None
+        return skip_coefficients("cs", self.num_skips, self.kappa)
 
     def gate_for(self, index: int) -> nn.Module:
         """The calibration module that serves skip ``index`` (learned methods only)."""
@@ -258,9 +335,12 @@ class SkipScaling(nn.Module):
     def forward(self, skip: torch.Tensor, index: int) -> torch.Tensor:
         if not 1 <= index <= self.num_skips:
             raise IndexError(f"skip index {index} outside 1..{self.num_skips}")
+        coef: torch.Tensor | float | None
         if self._constants is not None:
-            coef: torch.Tensor | float = self._constants[index - 1]
+            coef = self._constants[index - 1]
             out = skip if coef == 1.0 else skip * coef
+        elif self.method == "skip-norm":
+            coef, out = None, self.norms[index - 1](skip)
         else:
             coef = self.gate_for(index)(skip)
             out = skip * coef
@@ -268,9 +348,46 @@ class SkipScaling(nn.Module):
             self.probe(index, skip, coef, out)
         return out
 
+    def after_merge(self, merged: torch.Tensor, index: int) -> torch.Tensor:
+        """What the decoder continues with after the layer that merged skip ``index``: under
+        ``merge-norm`` its LayerNorm of ``merged``, under every other method ``merged`` itself."""
+        if self.method != "merge-norm":
+            return merged
+        if not 1 <= index <= self.num_skips:
+            raise IndexError(f"skip index {index} outside 1..{self.num_skips}")
+        return self.norms[index - 1](merged)
+
+    def describe(self, index: int) -> str:
+        """What happens to skip ``index``, as the coefficient column of :func:`skip_table` shows it."""
+        if self.method == "skip-norm":
+            norm = self.norms[index - 1]
+            kind = f"GroupNorm({norm.num_groups})" if isinstance(norm, nn.GroupNorm) else "LayerNorm"
+            return f"skip-norm: {kind} on the skip"
+        if self.learned:
+            # which gate serves this skip: e.g. "ls: shared SharedChannelGate" / "ls-nonshare: ChannelGate 3"
+            kind = type(self.gate_for(index)).__name__
+            return f"{self.method}: " + (f"shared {kind}" if len(self.gates) == 1 else f"{kind} {index}")
+        text = f"{self.coefficients()[index - 1]:.6g}"
+        if self.method == "merge-norm":
+            return f"{text}, LayerNorm after the merge"
+        if self.method == "cs-init":
+            return f"{text}, merge weights x{self.merge_weight_scales()[index - 1]:.6g} at init"
+        return text
+
     def extra_repr(self) -> str:
-        kappa = f", kappa={self.kappa:g}" if self.method == "cs" else ""
+        kappa = f", kappa={self.kappa:g}" if self.method in KAPPA_METHODS else ""
         return f"method={self.method!r}, num_skips={self.num_skips}{kappa}"
+
+
+def _groups(channels: int, groups: int) -> int:
+    """GroupNorm groups for a skip of ``channels``: ``groups``, capped at the width; one error line
+    when they do not divide it."""
+    groups = min(groups, channels)
+    if channels % groups:
+        raise ScaleLongError(
+            f"skip-norm's GroupNorm: {groups} groups do not divide a skip of {channels} channels"
+        )
+    return groups
 
 
 # ----------------------------------------------------------------------------- finding and showing skips
@@ -290,16 +407,9 @@ def skip_rows(model: nn.Module) -> list[tuple[int, tuple[int, ...], str]]:
     if scaling is None:
         raise ValueError("model has no SkipScaling module")
     shapes = model.skip_shapes(batch_size=1)
-    rows = []
-    for i, (shape, coef) in enumerate(zip(shapes, scaling.coefficients(), strict=True), start=1):
-        if coef is not None:
-            text = f"{coef:.6g}"
-        else:
-            # which gate serves this skip: e.g. "ls: shared SharedChannelGate" / "ls-nonshare: ChannelGate 3"
-            kind = type(scaling.gate_for(i)).__name__
-            text = f"{scaling.method}: " + (f"shared {kind}" if len(scaling.gates) == 1 else f"{kind} {i}")
-        rows.append((i, tuple(shape[1:]), text))
-    return rows
+    if len(shapes) != scaling.num_skips:
+        raise ValueError(f"the model lists {len(shapes)} skip shapes for {scaling.num_skips} skips")
+    return [(i, tuple(shape[1:]), scaling.describe(i)) for i, shape in enumerate(shapes, start=1)]
 
 
 def skip_table(model: nn.Module) -> str:

@@ -43,15 +43,19 @@ def theory_sums(coefficients: Sequence[float], m0: float = 1.0) -> dict[str, obj
 
 @torch.no_grad()
 def measured_coefficients(model: nn.Module, *inputs: object, **kwargs: object) -> list[float]:
-    """Mean coefficient of every skip (outermost first) on one forward pass; works for LS too."""
+    """Mean coefficient of every skip (outermost first) on one forward pass; works for LS too (NaN
+    under skip-norm, which has no coefficient)."""
     scaling = find_skip_scaling(model)
     if scaling is None:
         raise ValueError("the model has no SkipScaling")
     seen: dict[int, float] = {}
     previous = scaling.probe
 
-    def probe(index: int, skip: torch.Tensor, coef: torch.Tensor | float, out: torch.Tensor) -> None:
-        seen[index] = coef.float().mean().item() if isinstance(coef, torch.Tensor) else float(coef)
+    def probe(index: int, skip: torch.Tensor, coef: torch.Tensor | float | None, out: torch.Tensor) -> None:
+        if coef is None:  # skip-norm normalises the skip: no coefficient
+            seen[index] = math.nan
+        else:
+            seen[index] = coef.float().mean().item() if isinstance(coef, torch.Tensor) else float(coef)
 
     scaling.probe = probe
     try:

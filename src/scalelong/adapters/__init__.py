@@ -30,7 +30,7 @@ from scalelong.adapters.declared import SkipInput
 from scalelong.adapters.diffusers import DiffusersUNet2D, load_scalelong, save_scalelong
 from scalelong.adapters.uvit_checkpoint import load_uvit_checkpoint
 from scalelong.errors import ScaleLongError
-from scalelong.skips import DEFAULT_KAPPA, find_skip_scaling
+from scalelong.skips import DEFAULT_KAPPA, METHODS, PAPER_METHODS, find_skip_scaling
 
 __all__ = [
     "DiffusersUNet2D",
@@ -121,7 +121,9 @@ def apply_scalelong(
 
     Args:
         model: the network.
-        method: one of ``scalelong.skips.METHODS``.
+        method: one of the paper's methods, ``scalelong.skips.PAPER_METHODS``. The others
+            (``skip-norm``, ``merge-norm``, ``cs-init``) are built into the package's own
+            backbones only and are refused here.
         kappa: base of ``cs``: skip i (1 = outermost) gets ``kappa ** (i - 1)``. None: 0.5 on
             token skips (U-ViT, the paper's value), 0.9 on feature maps (the UNet default).
         skips: the declared skip inputs (see :class:`SkipInput`); required for an unsupported
@@ -141,6 +143,11 @@ def apply_scalelong(
     """
     if pretrained is not None and not isinstance(pretrained, bool):
         raise ScaleLongError(f"pretrained must be True, False or None (detect), got {pretrained!r}")
+    if method in METHODS and method not in PAPER_METHODS:
+        raise ScaleLongError(
+            f"apply_scalelong supports the methods {', '.join(PAPER_METHODS)}; {method!r} is built into the "
+            "package's own UViT and UNet only (their skip_method, or model.skip.method in a config)"
+        )
     if skips is not None:
         declared.install(
             model,

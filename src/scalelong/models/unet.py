@@ -144,7 +144,11 @@ class UNet(nn.Module):
         dropout: dropout inside the residual blocks.
         num_classes: > 0 adds a class embedding to the time embedding; 0 means unconditional.
         norm_groups: GroupNorm groups (capped at the width for tiny models).
-        skip_method: the ScaleLong method on the long skips, one of ``scalelong.skips.METHODS``.
+        skip_method: the ScaleLong method on the long skips, one of ``scalelong.skips.METHODS``;
+            ``skip-norm`` normalises each skip with a GroupNorm of ``norm_groups`` groups (the
+            backbone's own normalisation) before the concatenation. ``merge-norm`` and ``cs-init``
+            are refused: the decoder block takes the concatenation itself, with no merge layer of
+            its own.
         kappa: base of ``cs``: skip i (1 = outermost) is scaled by ``kappa ** (i - 1)``.
         ls_reduction: squeeze-excitation reduction r of the ``ls-nonshare`` channel gates.
     """
@@ -220,7 +224,12 @@ class UNet(nn.Module):
         self.conv_out = nn.Conv2d(ch, in_channels, 3, padding=1)
 
         self.skip_scaling = SkipScaling(
-            skip_method, len(skip_ch), kappa, reduction=ls_reduction, skip_channels=skip_ch
+            skip_method,
+            len(skip_ch),
+            kappa,
+            reduction=ls_reduction,
+            skip_channels=skip_ch,
+            norm_groups=norm_groups,
         )
 
     @property

@@ -11,6 +11,8 @@ LIFO order.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
+from functools import partial
 
 import torch
 import torch.nn.functional as F
@@ -78,8 +80,16 @@ class Mlp(nn.Module):
         return self.fc2(self.act(h))
 
 
+def _unchanged(x: torch.Tensor) -> torch.Tensor:
+    return x
+
+
 class Block(nn.Module):
-    """Pre-LN transformer block; an out-block first merges the (scaled) long skip."""
+    """Pre-LN transformer block; an out-block first merges the (scaled) long skip.
+
+    ``after_merge`` receives the merge layer's output (``SkipScaling.after_merge`` of this skip:
+    a LayerNorm under ``merge-norm``, the tensor itself otherwise).
+    """
 
     def __init__(
         self, dim: int, num_heads: int, mlp_ratio: float, qkv_bias: bool, merges_skip: bool, grid: int = 0
@@ -91,9 +101,14 @@ class Block(nn.Module):
         self.norm2 = nn.LayerNorm(dim)
         self.mlp = Mlp(dim, int(dim * mlp_ratio), grid)
 
-    def forward(self, x: torch.Tensor, skip: torch.Tensor | None = None) -> torch.Tensor:
+    def forward(
+        self,
+        x: torch.Tensor,
+        skip: torch.Tensor | None = None,
+        after_merge: Callable[[torch.Tensor], torch.Tensor] = _unchanged,
+    ) -> torch.Tensor:
         if self.skip_linear is not None:
-            x = self.skip_linear(torch.cat([x, skip], dim=-1))
+            x = after_merge(self.skip_linear(torch.cat([x, skip], dim=-1)))  # (B, L, 2D) -> (B, L, D)
         x = x + self.attn(self.norm1(x))
         return x + self.mlp(self.norm2(x))
 
@@ -137,7 +152,8 @@ class UViT(nn.Module):
         skip_linear_skip_scale_init: ``cs`` multiplies, at initialisation, the skip half of each
             out-block's ``skip_linear`` weight (the columns that act on the skip in
             ``cat([x, skip])``) by the coefficient ``cs`` gives that skip, ``kappa ** (i - 1)``;
-            only with ``skip_method="none"``. At initialisation the model then computes what
+            only with ``skip_method="none"``; ``skip_method="cs-init"`` is the same model under a
+            method name a study can sweep. At initialisation the model then computes what
             ``cs`` computes (``W (c s) = (c W) s``: bit for bit when kappa is a power of two, else
             up to rounding), with the same parameters and names, but the scale lives in the
             weights. Under AdamW the two then part: ``cs`` scales that weight's gradient by ``c``,
@@ -150,8 +166,10 @@ class UViT(nn.Module):
         mlp_time_embed: pass the sinusoidal time embedding through the release's
             Linear(D, 4D) -> SiLU -> Linear(4D, D) (``time_embed.0``, ``time_embed.2``);
             False (the release's configs) uses the sinusoid itself as the time token.
-        skip_method: the ScaleLong method on the long skips, one of ``scalelong.skips.METHODS``.
-        kappa: base of ``cs``: skip i (1 = outermost) is scaled by ``kappa ** (i - 1)``.
+        skip_method: the ScaleLong method on the long skips, one of ``scalelong.skips.METHODS``;
+            ``skip-norm`` puts a LayerNorm(D) on each skip, ``merge-norm`` one after each
+            ``skip_linear``, ``cs-init`` is ``skip_linear_skip_scale_init="cs"`` (see there).
+        kappa: base of ``cs`` (and ``cs-init``): skip i (1 = outermost) is scaled by ``kappa ** (i - 1)``.
         ls_reduction: reduction r of the LS token gates (Linear(L -> L // r) -> ... -> L).
     """
 
@@ -212,25 +230,36 @@ class UViT(nn.Module):
         if skip_linear_init == "xavier":
             for blk in self.out_blocks:
                 nn.init.xavier_uniform_(blk.skip_linear.weight)
-        self._scale_skip_columns(skip_linear_skip_scale_init, skip_method, kappa)
         # Created after the init above: the LS gates keep PyTorch's default init (coefficients ~0.5).
         self.skip_scaling = SkipScaling(
-            skip_method, depth // 2, kappa, num_tokens=self.num_tokens, reduction=ls_reduction
+            skip_method,
+            depth // 2,
+            kappa,
+            num_tokens=self.num_tokens,
+            reduction=ls_reduction,
+            skip_dim=embed_dim,
+            merge_dim=embed_dim,  # skip_linear: (B, L, 2D) -> (B, L, D), one per skip
         )
+        self._scale_skip_columns(skip_linear_skip_scale_init, skip_method, kappa)
 
     @torch.no_grad()
     def _scale_skip_columns(self, init: str, skip_method: str, kappa: float) -> None:
-        """``skip_linear_skip_scale_init``: cs's coefficients moved into the skip half of the weights."""
+        """``skip_linear_skip_scale_init`` (and method ``cs-init``): cs's coefficients moved into the
+        skip half of the weights."""
         if init not in SKIP_SCALE_INITS:
             raise ValueError(f"skip_linear_skip_scale_init={init!r}; choose one of {SKIP_SCALE_INITS}")
-        if init == "none":
-            return
-        if skip_method != "none":
+        if init != "none" and skip_method != "none":
             raise ValueError(
                 f"skip_linear_skip_scale_init={init!r} stands in for cs under skip_method='none'; "
                 f"with skip_method={skip_method!r} the skips would be scaled twice"
             )
-        coefficients = skip_coefficients("cs", len(self.out_blocks), kappa)  # skip 1 (outermost) first
+        coefficients = (  # skip 1 (outermost) first
+            skip_coefficients("cs", len(self.out_blocks), kappa)
+            if init == "cs"
+            else self.skip_scaling.merge_weight_scales()
+        )
+        if coefficients is None:
+            return
         for j, blk in enumerate(self.out_blocks):
             index = len(self.out_blocks) - j  # LIFO: out_blocks[0] merges the innermost skip
             blk.skip_linear.weight[:, self.embed_dim :] *= coefficients[index - 1]  # (D, 2D): [x | skip]
@@ -264,9 +293,10 @@ class UViT(nn.Module):
             x = blk(x)
             skips.append(x)
         x = self.mid_block(x)
+        scaling = self.skip_scaling
         for blk in self.out_blocks:
             index = len(skips)  # innermost skip first: N, N-1, ..., 1
-            x = blk(x, self.skip_scaling(skips.pop(), index))
+            x = blk(x, scaling(skips.pop(), index), partial(scaling.after_merge, index=index))
 
         x = self.decoder_pred(self.norm(x))[:, self.extras :]  # (B, P, p * p * C)
         return self.final_layer(self.unpatchify(x))
