@@ -87,6 +87,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from scalelong import metric_names
 from scalelong.diffusion import add_noise
 from scalelong.errors import ScaleLongError
 from scalelong.runs import RunDir, load_model
@@ -343,7 +344,7 @@ class Diagnostics:
         for i in range(1, n_skips + 1):
             # A skip that did not run this step is recorded as NaN rather than left out.
             stats = self._skips.get(i)
-            names += [f"skip/{i}/{key}" for key in SKIP_KEYS]
+            names += [metric_names.skip(i, key) for key in SKIP_KEYS]
             tensors += stats[:-1] if stats is not None else [None] * len(SKIP_KEYS)
         for name, block in self.blocks.items():
             grads = [p.grad.detach() for p in block.parameters() if p.grad is not None]
@@ -351,7 +352,7 @@ class Diagnostics:
                 torch.linalg.vector_norm(torch.stack([g.float().norm() for g in grads])) if grads else None
             )
             feature = self._features.get(name)
-            names += [f"block/{name}/feature_norm", f"block/{name}/grad_norm"]
+            names += [metric_names.block(name, "feature_norm"), metric_names.block(name, "grad_norm")]
             tensors += [None if feature is None else feature[0], gnorm]
         # Missing measurements (a skip or block that did not run, a frozen block) become NaN in
         # the record but are not counted as non-finite values of the model.
@@ -367,8 +368,8 @@ class Diagnostics:
         self._skips.clear()
         self._features.clear()
 
-        feats = [out[f"block/{n}/feature_norm"] for n in self.blocks]
-        grads = [out[f"block/{n}/grad_norm"] for n in self.blocks]
+        feats = [out[metric_names.block(n, "feature_norm")] for n in self.blocks]
+        grads = [out[metric_names.block(n, "grad_norm")] for n in self.blocks]
         out["feature_norm"] = sum(feats) / len(feats) if feats else math.nan
         out["block_grad_norm"] = math.sqrt(sum(g * g for g in grads)) if grads else math.nan
         loss = float(loss)
@@ -380,7 +381,7 @@ class Diagnostics:
         for series in OSC_SERIES:
             self.history[series].append(loss if series == "loss" else out[series])
             for k, v in window_stats(self.history[series]).items():
-                out[f"osc/{series}_{k}"] = v
+                out[metric_names.osc(series, k)] = v
         out["spikes"] = self.spikes
         out["nonfinite_values"] = nonfinite
         out["nonfinite_values_total"] = self.nonfinite_total
