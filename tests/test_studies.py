@@ -59,6 +59,10 @@ def test_mismatched_seeds_pair_on_the_shared_ones_and_one_shared_seed_has_no_int
     assert (c.paired, c.n) == (True, 2)
     assert c.estimate == pytest.approx(-0.07)
     assert c.high - c.estimate == pytest.approx(T1 * statistics.stdev(d) / math.sqrt(2))
+    # one seed in common of three a side: its one difference, not Welch over the six runs
+    lone = contrast(A, B, [0, 1, 2], [2, 3, 4])
+    assert (lone.paired, lone.n, lone.estimate) == (True, 1, pytest.approx(A[2] - B[0]))
+    assert fmt_contrast(lone) == "-0.05 (1 seed, no interval)"
     # one seed in common: its one difference, no interval (NaN bounds), and it excludes nothing
     one = contrast([0.25], B, [1], [0, 1, 2])
     assert (one.paired, one.n, one.estimate) == (True, 1, pytest.approx(-0.07))
