@@ -6,6 +6,7 @@ from __future__ import annotations
 import ast
 import math
 import statistics
+import warnings
 from pathlib import Path
 
 import pytest
@@ -69,6 +70,11 @@ def test_mismatched_seeds_pair_on_the_shared_ones_and_one_shared_seed_has_no_int
     assert math.isnan(one.low) and math.isnan(one.high) and not one.excludes_null()
     assert fmt_contrast(one) == "-0.07 (1 seed, no interval)"
     assert fmt_contrast(contrast([0.25], B, [1], [0, 1, 2], ratio=True)) == "0.78 (1 seed, no interval)"
+    # no seed shared and no spread on either side: Welch's interval is the point, without a warning
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        flat = contrast([1.0, 1.0], [2.0, 2.0], [0, 1], [2, 3])
+    assert fmt_contrast(flat) == "-1 (-1 to -1, unpaired)"
     # one seed that matches nothing: there is nothing to compare (Welch needs two a side)
     assert contrast([0.25], B, [9], [0, 1, 2]) is None
     assert fmt_contrast(None) == "n/a"

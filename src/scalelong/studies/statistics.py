@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import math
 import statistics
+import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -99,7 +100,9 @@ def contrast(
     xs, ys = ([scale(v) for v in values if usable(v)] for values in (a, b))
     if len(xs) < 2 or len(ys) < 2:
         return None
-    ci = scipy.stats.ttest_ind(xs, ys, equal_var=False).confidence_interval(CONFIDENCE)
+    with warnings.catch_warnings():  # sides without spread: scipy warns, the interval is the point
+        warnings.simplefilter("ignore", RuntimeWarning)
+        ci = scipy.stats.ttest_ind(xs, ys, equal_var=False).confidence_interval(CONFIDENCE)
     mean, n = statistics.fmean(xs) - statistics.fmean(ys), min(len(xs), len(ys))
     return Contrast(back(mean), back(float(ci.low)), back(float(ci.high)), False, ratio, n)
 
@@ -122,7 +125,7 @@ def fmt_contrast(c: Contrast | None, as_percent: bool = False, unit: str = "") -
         point, lo, hi = f"{c.estimate:.2g}{unit}", f"{c.low:.2g}", f"{c.high:.2g}"
     else:
         point, lo, hi = f"{c.estimate:+.3g}{unit}", f"{c.low:+.2g}", f"{c.high:+.2g}"
-    if math.isnan(c.low):
+    if math.isnan(c.low):  # one pair
         return f"{point} (1 seed, no interval)"
     return f"{point} ({lo} to {hi}{'' if c.paired else ', unpaired'})"
 
