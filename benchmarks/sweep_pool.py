@@ -21,9 +21,9 @@ from pathlib import Path
 import torch
 
 from benchmarks.harness import add_common_args, interleaved_medians, markdown_table, ratios, write_result
-from scalelong.compare import train_run
 from scalelong.config import load_config
 from scalelong.launch import cpu_cores, pool_map
+from scalelong.studies.running import train_run
 from scalelong.sweep import plan, run_sweep
 
 METHODS, LRS = ["none", "cs"], [2e-3, 5e-3]

@@ -1,31 +1,31 @@
 import json
 import math
+import statistics
 
 import pytest
 import torch
 
 from conftest import learning_uvit_overrides, tiny_uvit_overrides
 from scalelong.cli import main
-from scalelong.compare import (
-    Divergence,
-    DivergenceRule,
-    criteria,
-    divergence,
-    mean_ci,
-    parse_methods,
-    run_all,
-    run_comparison,
-    steps_to_target,
-    summarise,
-    summary_table,
-)
+from scalelong.compare import run_comparison, steps_to_target, summarise, summary_table
 from scalelong.config import load_config
 from scalelong.errors import ScaleLongError
 from scalelong.launch import cpu_cores, share_cores
+from scalelong.studies.divergence import Divergence, DivergenceRule, criteria, divergence
+from scalelong.studies.running import parse_methods, run_all
+from scalelong.studies.statistics import mean_ci
+from scalelong.studies.summary import StudyRun
 
 
 def fd_curve(steps_to_values):
     return [{"step": s, "fd": v, "loss": 1.0} for s, v in steps_to_values]
+
+
+def study(runs):
+    """``runs[method]``: the records of each seed, seed k at position k."""
+    return {
+        m: [StudyRun(f"{m}-seed{k}", r, {}, [], seed=k) for k, r in enumerate(rs)] for m, rs in runs.items()
+    }
 
 
 def fd_records(values, start=1000, every=1000):
@@ -63,7 +63,7 @@ def test_steps_to_target_non_monotone_baseline_and_errors():
         steps_to_target({"none": fd_records(["nan"])}, "none")
 
 
-def test_summary_pairs_speedups_by_seed_with_known_answer():
+def test_summary_pairs_the_change_and_the_speedup_by_seed_with_known_answer():
     runs = {
         # baseline reaches its final FD (10) at step 400 in both seeds
         "none": [
@@ -78,16 +78,43 @@ def test_summary_pairs_speedups_by_seed_with_known_answer():
         # sqrt2 never reaches 10
         "sqrt2": [fd_curve([(100, 60), (200, 40), (300, 30), (400, 20)])] * 2,
     }
-    by_method = {s.method: s for s in summarise(runs, "none")}
-    assert by_method["none"].steps_to_target == [400, 400]
-    assert by_method["cs"].steps_to_target == [200, 300]
-    assert by_method["cs"].speedup == pytest.approx([2.0, 4 / 3])
+    by_method = {s.method: s for s in summarise(study(runs), "none")}
+    none, cs = by_method["none"], by_method["cs"]
+    assert none.steps_to_target == [400, 400]
+    assert cs.steps_to_target == [200, 300]
     assert by_method["sqrt2"].steps_to_target == [None, None]
-    table = summary_table(list(by_method.values()), "none")
-    assert "| cs | 8 ± " in table and "250 (2/2 seeds)" in table and "not reached (0/2)" in table
-    # paired final-FD change: cs 7/10 - 1 and 9/10 - 1 -> -20% on average
-    assert by_method["cs"].fd_change == pytest.approx([-0.3, -0.1])
-    assert "| -20% ± " in table
+    # per seed 2.0 and 1.333: the geometric mean sqrt(8/3), exp(mean ± t(0.975, 1) sd / sqrt 2) of the logs
+    speed = cs.speedup(none)
+    logs = [math.log(2.0), math.log(4 / 3)]
+    half = 12.706204736174707 * statistics.stdev(logs) / math.sqrt(2)
+    assert speed.estimate == pytest.approx(math.sqrt(8 / 3))
+    assert (speed.low, speed.high) == pytest.approx(
+        (math.sqrt(8 / 3) * math.exp(-half), math.sqrt(8 / 3) * math.exp(half))
+    )
+    # final FD 7 and 9 against 10 and 10: the geometric mean of 0.7 and 0.9, -21%
+    assert cs.fd_change(none).estimate == pytest.approx(math.sqrt(0.63))
+    rows = {
+        r.split("|")[1].strip(): [c.strip() for c in r.split("|")[1:-1]]
+        for r in summary_table(list(by_method.values()), "none").splitlines()
+    }
+    assert (
+        rows["method"][2] == "final FD vs none (95% CI)" and rows["method"][7] == "speed-up vs none (95% CI)"
+    )
+    assert rows["cs"][1].startswith("8 ± ") and rows["cs"][6] == "250 (2/2 seeds)"
+    assert rows["cs"][2] == "-21% (-84% to +292%)" and rows["cs"][7] == "1.6x (0.12 to 21)"
+    assert rows["none"][2] == rows["none"][7] == "(baseline)"
+    assert rows["sqrt2"][6] == "not reached (0/2)" and rows["sqrt2"][7] == "n/a"
+    # the seeds pair by value, not by position: cs ends at 0.8 of none's FD in both seeds, and
+    # listed in the other order it still does (by position it would read 1.6 and 0.4)
+    pairs = study(
+        {
+            "none": [fd_curve([(100, 10)]), fd_curve([(100, 20)])],
+            "cs": [fd_curve([(100, 8)]), fd_curve([(100, 16)])],
+        }
+    )
+    pairs["cs"].reverse()
+    none, cs = summarise(pairs, "none")
+    assert summary_table([none, cs], "none").splitlines()[3].split("|")[3].strip() == "-20% (-20% to -20%)"
 
 
 def test_mean_ci_matches_the_t_interval():

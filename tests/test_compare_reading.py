@@ -10,47 +10,34 @@ from types import SimpleNamespace
 
 from conftest import tiny_uvit_overrides
 from scalelong.cli import main
-from scalelong.compare import (
-    Divergence,
-    MethodSummary,
-    StudyResult,
-    StudyRun,
-    fig1_order,
-    reading,
-    summarise,
-    write_report,
-)
+from scalelong.compare import summarise, write_report
 from scalelong.config import load_config
+from scalelong.studies.divergence import Divergence
+from scalelong.studies.reading import fig1_order, reading
+from scalelong.studies.running import RunOutcome, StudyResult
+from scalelong.studies.summary import MethodSummary, SeedSummary, StudyRun
 from scalelong.train import _rescore
 
 
 def summary(
     method: str,
     fd: float | list[float] = 50.0,
-    change: list[float] | None = None,
     confident: float = 0.8,
     norm: float = 10.0,
     steps: int | None = 600,
-    speedup: float | None = 1.0,
     breaks: list[list[Divergence]] | None = None,
     seeds: int = 1,
 ) -> MethodSummary:
-    """A method's summary with the same value for every seed, unless given per seed."""
+    """A method's summary, seeds 0, 1, ..., with the same value for every seed unless given per
+    seed; ``steps``: when each seed reached the baseline's final FD (the baseline's own: when it
+    first reached its final FD)."""
     fds = fd if isinstance(fd, list) else [fd] * seeds
-    return MethodSummary(
-        method=method,
-        final_fd=fds,
-        fd_change=change if change is not None else [0.0] * len(fds),
-        final_loss=[0.05] * len(fds),
-        feature_osc_std=[0.1] * len(fds),
-        spikes=[0.0] * len(fds),
-        steps_to_target=[steps] * len(fds),
-        speedup=[speedup] * len(fds),
-        breaks=breaks if breaks is not None else [[] for _ in fds],
-        confident=[confident] * len(fds),
-        entropy=[0.95] * len(fds),
-        feature_norm=[norm] * len(fds),
-    )
+    breaks = breaks if breaks is not None else [[] for _ in fds]
+    runs = [
+        SeedSummary(k, f, final_loss=0.05, feature_norm=norm, confident=confident, breaks=tuple(b))
+        for k, (f, b) in enumerate(zip(fds, breaks, strict=True))
+    ]
+    return MethodSummary(method, runs, [steps] * len(fds))
 
 
 def sentences(text: str) -> list[str]:
@@ -58,7 +45,7 @@ def sentences(text: str) -> list[str]:
 
 
 def test_one_seed_says_no_difference_is_evidence():
-    text = reading([summary("none"), summary("cs", fd=40.0, change=[-0.2])], "none", 100, 700, 1)
+    text = reading([summary("none"), summary("cs", fd=40.0)], "none", 100, 700, 1)
     assert sentences(text)[0] == (
         "With 1 seed, no difference in this table is evidence: on small models seed-to-seed noise is "
         "larger than the effect, so train --seeds 5 or more before concluding."
@@ -68,20 +55,26 @@ def test_one_seed_says_no_difference_is_evidence():
 
 
 def test_five_seeds_name_the_paired_differences_whose_interval_excludes_0():
-    five = dict(seeds=5, fd=[50.0] * 5)
+    def changed(method: str, changes: list[float]) -> MethodSummary:  # final FD 50 x (1 + change) a seed
+        return summary(method, fd=[50.0 * (1 + c) for c in changes])
+
     methods = [
-        summary("none", **five),
-        summary("cs", change=[-0.30, -0.28, -0.32, -0.29, -0.31], **five),  # clear: -30% ± 2.0%
-        summary("sqrt2", change=[0.05, -0.06, 0.02, -0.03, 0.07], **five),  # noise around +1%
+        summary("none", seeds=5),
+        changed("cs", [-0.30, -0.28, -0.32, -0.29, -0.31]),  # clear
+        changed("sqrt2", [0.05, -0.06, 0.02, -0.03, 0.07]),  # noise around +1%
     ]
     first = sentences(reading(methods, "none", 100, 700, 5))[0]
-    # cs: mean -0.30, sd 0.0158, t(4) 2.776 -> half-width 0.0196 -> "-30% ± 2.0%"
+    # cs, on the logs of its per-seed ratios 0.70, 0.72, ...: mean -0.3569 (a geometric mean ratio
+    # of 0.6999, -30%), sd 0.02259, t(0.975, 4) 2.776 -> exp(-0.3569 ± 0.02805) - 1: -32% to -28%
     assert first == (
         "With 5 seeds, the 95% interval of the paired change in final FD against none excludes 0 for "
-        "cs (-30% ± 2.0%); it includes 0 for sqrt2 (+1.0% ± 6.7%): that difference is not evidence."
+        "cs (-30%, -32% to -28%); it includes 0 for sqrt2 (+0.9%, -5.7% to +7.9%): that difference is "
+        "not evidence."
     )
-    methods[2] = summary("sqrt2", change=[0.10, 0.12, 0.11, 0.09, 0.13], **five)
-    assert "excludes 0 for cs (-30% ± 2.0%) and sqrt2 (+11% ± 2.0%)." in reading(methods, "none", 100, 700, 5)
+    methods[2] = changed("sqrt2", [0.10, 0.12, 0.11, 0.09, 0.13])
+    assert "excludes 0 for cs (-30%, -32% to -28%) and sqrt2 (+11%, +9.0% to +13%)." in reading(
+        methods, "none", 100, 700, 5
+    )
 
 
 def test_a_method_at_fd_350_is_named_as_not_drawing_digits():
@@ -145,14 +138,14 @@ def test_the_feature_norm_sentence_says_whether_it_orders_as_fig_1():
 
 
 def test_the_resolution_sentence_gives_the_smallest_speed_up_the_spacing_can_show():
-    fine = [summary("none", steps=600), summary("cs", steps=400, speedup=1.5)]
+    fine = [summary("none", steps=600), summary("cs", steps=400)]
     text = reading(fine, "none", 100, 700, 1)
     assert "none first reached its final FD at step 600; speed-up to that FD: cs 1.50x." in text
     assert (
         "With evaluations every 100 of 700 steps, the smallest speed-up that can show is 600 / 500 = 1.20x."
         in text
     )
-    coarse = [summary("none", steps=200), summary("cs", steps=None, speedup=None)]
+    coarse = [summary("none", steps=200), summary("cs", steps=None)]
     text = reading(coarse, "none", 100, 200, 1)
     assert "cs never reached it" in text
     assert (
@@ -186,15 +179,17 @@ def test_a_reading_is_one_paragraph_of_at_most_seven_sentences():
 
 def test_summaries_carry_the_last_feature_norm():
     records = [{"step": 10, "feature_norm": 4.0, "fd": 9.0}, {"step": 20, "feature_norm": 6.0, "fd": 8.0}]
-    (s,) = summarise({"none": [records]}, "none")
-    assert s.feature_norm == [6.0]
+    (s,) = summarise({"none": [StudyRun("none-seed0", records, {}, [], seed=0)]}, "none")
+    assert s.values("feature_norm") == [6.0]
 
 
 def test_the_report_puts_the_reading_right_under_the_table(tmp_path):
     def records(norm: float) -> list[dict]:
         return [{"step": 50 * k, "loss": 1.0 / k, "feature_norm": norm * k, "fd": 300.0 / k} for k in (1, 2)]
 
-    studies = {m: [StudyRun(f"{m}-seed0", records(n), {}, [])] for m, n in (("none", 4.0), ("cs", 2.0))}
+    studies = {
+        m: [StudyRun(f"{m}-seed0", records(n), {}, [], seed=0)] for m, n in (("none", 4.0), ("cs", 2.0))
+    }
     base = load_config(None, ["train.steps=100", "eval.every=50"])
     path, table = write_report(studies, "none", tmp_path, base)
     paragraphs = path.read_text().split("\n\n")
@@ -209,8 +204,6 @@ def test_the_report_puts_the_reading_right_under_the_table(tmp_path):
 
 
 def fake_result(folder: Path, failed: bool = False) -> StudyResult:
-    from scalelong.compare import RunOutcome
-
     outcomes = [RunOutcome("none-seed0", "failed" if failed else "trained", "boom" if failed else "")]
     return StudyResult(folder / "report.md", "| method |\n|---|", outcomes, reading="With 1 seed, it reads.")
 

@@ -24,12 +24,12 @@ from adapter_fixtures import TOY_DIFFUSERS_OVERRIDES, unet2d, unet2d_condition  
 from scalelong import Diagnostics, RunLog, robustness  # noqa: E402
 from scalelong.adapters import DiffusersUNet2D, apply_scalelong, remove_scalelong  # noqa: E402
 from scalelong.cli import main  # noqa: E402
-from scalelong.compare import divergence  # noqa: E402
 from scalelong.diagnostics import find_blocks  # noqa: E402
 from scalelong.diffusion import DiscreteDDPM  # noqa: E402
 from scalelong.errors import ScaleLongError  # noqa: E402
 from scalelong.models import UNet, UViT  # noqa: E402
 from scalelong.runs import MetricsLog, RunDir  # noqa: E402
+from scalelong.studies.divergence import divergence  # noqa: E402
 
 DIFFUSERS_BLOCKS = ["down_blocks.0", "down_blocks.1", "mid_block", "up_blocks.0", "up_blocks.1"]
 UVIT_BLOCKS = ["in_blocks.0", "in_blocks.1", "mid_block", "out_blocks.0", "out_blocks.1"]

@@ -27,7 +27,8 @@ from scalelong.fd_mnist import (
     real_digit_score,
 )
 from scalelong.frechet import fd_mnist_features
-from scalelong.sweep import Cell, CellSummary, cell_table
+from scalelong.studies.summary import Cell, CellSummary, SeedSummary, StudyRun
+from scalelong.sweep import cell_table
 
 
 @pytest.fixture(scope="module")
@@ -161,12 +162,18 @@ def test_the_study_tables_show_the_digit_score_with_the_real_digits_beside_it():
     def records(fd, confident, entropy):
         return [{"step": 10, "fd": fd, "loss": 1.0, "digits/confident": confident, "digits/entropy": entropy}]
 
+    def study(runs):
+        return {
+            m: [StudyRun(f"{m}-seed{k}", r, {}, [], seed=k) for k, r in enumerate(rs)]
+            for m, rs in runs.items()
+        }
+
     runs = {
         "none": [records(100.0, 0.4, 0.8), records(120.0, 0.6, 0.9)],
         "cs": [records(90.0, 0.7, 0.95)] * 2,
     }
     real = {"confident": 0.964, "entropy": 0.9999}
-    table = summary_table(summarise(runs, "none"), "none", real).splitlines()
+    table = summary_table(summarise(study(runs), "none"), "none", real).splitlines()
     head = [c.strip() for c in table[0].split("|")[1:-1]]
     assert head[3:5] == ["confident digits (real 0.96)", "class balance (real 1.00)"]
     assert table[1] == "|---" * len(head) + "|"
@@ -177,9 +184,10 @@ def test_the_study_tables_show_the_digit_score_with_the_real_digits_beside_it():
         m: [[{k: v for k, v in r.items() if not k.startswith("digits/")} for r in seed] for seed in seeds]
         for m, seeds in runs.items()
     }
-    assert "confident" not in summary_table(summarise(plain, "none"), "none", real)
+    assert "confident" not in summary_table(summarise(study(plain), "none"), "none", real)
 
-    cell = CellSummary(Cell(12, 1e-2, "cs"), [90.0], [1.0], [0.0], [[]], [0.7], [0.95])
+    seed = SeedSummary(0, final_fd=90.0, feature_osc=1.0, spikes=0.0, confident=0.7, entropy=0.95)
+    cell = CellSummary(Cell(12, 1e-2, "cs"), [seed], "fd")
     rows = cell_table([cell], "FD (fd-mnist)", real).splitlines()
     assert "| final FD (fd-mnist) | confident digits (real 0.96) | class balance (real 1.00) |" in rows[0]
     assert rows[2].startswith("| cs | 0.01 | 1 | 90 | 0.7 | 0.95 | 1 | 0 | 0/1 |")

@@ -181,8 +181,9 @@ def load(args):
 
 def validate_study(args) -> int:
     """Every run config of a compare / sweep, built and validated; nothing is trained."""
-    from scalelong.compare import method_config, parse_methods
+    from scalelong.compare import method_config
     from scalelong.config import validate
+    from scalelong.studies.running import parse_methods
     from scalelong.sweep import parse_numbers, plan
 
     cfg = load(args)

@@ -15,9 +15,11 @@ import pytest
 import torch
 from PIL import Image
 
-from scalelong.compare import StudyRun, final_sample_grid, markdown_html, write_report
+from scalelong.compare import write_report
 from scalelong.config import load_config
 from scalelong.data import embedded_mnist
+from scalelong.studies.report import final_sample_grid, markdown_html
+from scalelong.studies.summary import StudyRun
 from scalelong.train import save_grid
 
 METHODS = ("none", "cs", "ls")
@@ -55,7 +57,7 @@ def fake_run(folder: Path, method: str, seed: int, digits: torch.Tensor) -> Stud
     path = folder / f"{method}-seed{seed}"
     save_grid(-torch.ones(4, 1, 32, 32), path / "samples" / "step-000050.png")
     save_grid(digits, path / "samples" / "step-000100.png")
-    return StudyRun(path.name, records(method, seed), {}, [], path=path)
+    return StudyRun(path.name, records(method, seed), {}, [], path=path, seed=seed)
 
 
 @pytest.fixture(scope="module")

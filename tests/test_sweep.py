@@ -12,9 +12,11 @@ import pytest
 
 from conftest import learning_uvit_overrides
 from scalelong.cli import main
-from scalelong.compare import Divergence
 from scalelong.errors import ScaleLongError
-from scalelong.sweep import Cell, CellSummary, cell_table, parse_numbers, rate_interval, stability_table
+from scalelong.studies.divergence import Divergence
+from scalelong.studies.statistics import rate_interval
+from scalelong.studies.summary import Cell, CellSummary, SeedSummary
+from scalelong.sweep import cell_table, parse_numbers, stability_table
 
 
 def sweep_command(tmp_path):
@@ -46,7 +48,9 @@ def test_tables_name_the_largest_stable_lr_and_the_best_stable_cell():
     broke = [Divergence("loss", 40, "")]
 
     def cell(method, lr, finals, breaks):
-        return CellSummary(Cell(12, lr, method), finals, [1.0] * len(finals), [0.0] * len(finals), breaks)
+        seeds = [SeedSummary(k, final_loss=x, feature_osc=1.0, spikes=0.0, breaks=tuple(b))
+                 for k, (x, b) in enumerate(zip(finals, breaks, strict=True))]  # fmt: skip
+        return CellSummary(Cell(12, lr, method), seeds, "loss")
 
     cells = [
         cell("none", 2e-3, [0.30, 0.32], [[], []]),

@@ -8,7 +8,6 @@ from matplotlib.colors import to_rgb
 
 from conftest import learning_uvit_overrides
 from scalelong.cli import main
-from scalelong.compare import StudyRun
 from scalelong.config import load_config
 from scalelong.plots import (
     decoder_blocks,
@@ -17,7 +16,8 @@ from scalelong.plots import (
     plot_fig1_by_depth,
     seed_band,
 )
-from scalelong.sweep import Cell, fig1_section, report_sweep
+from scalelong.studies.summary import Cell, StudyRun
+from scalelong.sweep import fig1_section, report_sweep
 
 METHODS = ["none", "sqrt2", "cs", "ls"]
 DEPTHS = [12, 16]
@@ -127,12 +127,13 @@ def test_plot_fig1_by_depth_writes_a_png(tmp_path):
 
 
 def test_fig1_section_draws_the_smallest_lr_unless_told_and_tabulates_the_gap(tmp_path):
-    def run(final: float) -> StudyRun:
-        return StudyRun("r", [{"step": 1, "feature_norm": 1.0}, {"step": 2, "feature_norm": final}], {}, [])
+    def run(final: float, seed: int = 0) -> StudyRun:
+        records = [{"step": 1, "feature_norm": 1.0}, {"step": 2, "feature_norm": final}]
+        return StudyRun("r", records, {}, [], seed=seed)
 
     runs = {
-        Cell(12, 1e-3, "cs"): [run(2.0), run(4.0)],
-        Cell(12, 1e-3, "none"): [run(6.0), run(6.0)],
+        Cell(12, 1e-3, "cs"): [run(2.0, 0), run(4.0, 1)],
+        Cell(12, 1e-3, "none"): [run(6.0, 0), run(6.0, 1)],
         Cell(24, 1e-3, "none"): [run(30.0)],
         Cell(24, 1e-3, "cs"): [run(3.0)],
         Cell(12, 1e-2, "none"): [run(600.0)],
@@ -141,12 +142,13 @@ def test_fig1_section_draws_the_smallest_lr_unless_told_and_tabulates_the_gap(tm
     parts = fig1_section(runs, tmp_path)
     assert "at lr 0.001 (the smallest of the map)" in parts[1]
     table = next(p for p in parts if p.startswith("| method |")).splitlines()
-    # rows in method order (none first); cs's mean 3 ± t(0.975, 1) x 1.414 / sqrt(2) = 12.7
+    # rows in method order (none first); cs's mean 3 ± t(0.975, 1) x 1.414 / sqrt(2) = 12.7, and its
+    # ratio to none paired by seed, as the gap table has it: the geometric mean of 2/6 and 4/6
     assert table == [
         "| method | depth 12 | depth 24 |",
         "|---|---|---|",
         "| none | 6 ± 0 | 30 |",
-        "| cs | 3 ± 13 (0.5x none) | 3 (0.1x none) |",
+        "| cs | 3 ± 13 (0.47x none) | 3 (0.1x none) |",
     ]
     assert (tmp_path / "fig1.png").is_file() and not (tmp_path / "out_blocks_d12.png").exists()  # no blocks
     parts = fig1_section(runs, tmp_path, fig1_lr=1e-2)
@@ -182,7 +184,7 @@ def test_a_sweep_report_embeds_fig1_by_depth_and_the_out_block_views(tmp_path, c
     assert "at lr 0.01 (the smallest of the map)" in report and "**min..max**" in report
     assert "![Fig. 1 at lr 0.01](fig1.png)" in report
     assert "![out-block feature norms, depth 4, lr 0.01](out_blocks_d4.png)" in report
-    table = report.split("ratio to `none` at the same depth):\n\n")[1].split("\n\n")[0].splitlines()
+    table = report.split("seeds both ran, as in the gap table):\n\n")[1].split("\n\n")[0].splitlines()
     assert table[0] == "| method | depth 2 | depth 4 |"
     assert table[2].startswith("| none | ") and table[3].startswith("| cs | ") and "none) |" in table[3]
     html = (folder / "report.html").read_text()
@@ -199,17 +201,33 @@ def test_a_sweep_report_embeds_fig1_by_depth_and_the_out_block_views(tmp_path, c
 
 
 def test_the_gap_table_gives_the_ratio_the_counts_and_the_difference_with_their_intervals():
-    from scalelong.compare import Divergence
-    from scalelong.sweep import CellSummary, gap_table
+    from scalelong.studies.divergence import Divergence
+    from scalelong.studies.summary import CellSummary, SeedSummary
+    from scalelong.sweep import gap_table
 
     broke = [Divergence("nonfinite", 100, "x")]
-    none = CellSummary(Cell(12, 0.01, "none"), [0.30, 0.32, 0.34], [], [], [broke, [], []])
-    cs = CellSummary(Cell(12, 0.01, "cs"), [0.20, 0.22, 0.24], [], [], [[], [], []])
-    alone = CellSummary(Cell(24, 0.01, "cs"), [0.2, 0.2], [], [], [[], []])  # no none at depth 24: no row
-    norms = {none.cell: [400.0, 800.0, 1600.0], cs.cell: [100.0, 200.0, 400.0], alone.cell: [1.0, 2.0]}
-    table = gap_table([none, cs, alone], norms, "loss").splitlines()
+
+    def cell(c, seeds, losses, norms, x0=None, breaks=None) -> CellSummary:
+        x0 = x0 or [math.nan] * len(seeds)
+        breaks = breaks or [[]] * len(seeds)
+        runs = [
+            SeedSummary(k, final_loss=f, feature_norm=n, x0_error=e, breaks=tuple(b))
+            for k, f, n, e, b in zip(seeds, losses, norms, x0, breaks, strict=True)
+        ]
+        return CellSummary(c, runs, "loss")
+
+    def row(*cells) -> list[str]:
+        (line,) = gap_table(list(cells), "loss").splitlines()[2:]
+        return [c.strip() for c in line.strip("|").split("|")]
+
+    at12, at24 = Cell(12, 0.01, "none"), Cell(24, 0.01, "cs")
+    none = cell(at12, [0, 1, 2], [0.30, 0.32, 0.34], [400.0, 800.0, 1600.0], breaks=[broke, [], []])
+    # seeds 5 to 7 share none with none's: unpaired (Welch)
+    cs = cell(Cell(12, 0.01, "cs"), [5, 6, 7], [0.20, 0.22, 0.24], [100.0, 200.0, 400.0])
+    alone = cell(at24, [0, 1], [0.2, 0.2], [1.0, 2.0])  # no none at depth 24: no row
+    table = gap_table([none, cs, alone], "loss").splitlines()
     assert len(table) == 3  # header, rule, one row
-    cells = [c.strip() for c in table[2].strip("|").split("|")]
+    cells = row(none, cs, alone)
     assert cells[:3] == ["12", "0.01", "cs"]
     # geometric means 800 and 200: ratio 0.25; both log-samples have sd ln 2, so the Welch interval is
     # exp(+-t(0.975, 4) * ln2 * sqrt(2/3))
@@ -218,31 +236,32 @@ def test_the_gap_table_gives_the_ratio_the_counts_and_the_difference_with_their_
     assert cells[4] == "0/3 vs 1/3 (p 1)"
     d = 2.7764451051977987 * 0.02 * math.sqrt(2 / 3)
     assert cells[5] == f"-0.1 ({-0.1 - d:+.2g} to {-0.1 + d:+.2g}, unpaired)"
-    assert gap_table([cs, alone], norms, "loss") == ""  # nothing to compare against
+    assert gap_table([cs, alone], "loss") == ""  # nothing to compare against
     # with the held-out x0 error of each seed: one more column, the same Welch difference
-    x0 = {none.cell: [0.10, 0.11, 0.12], cs.cell: [0.08, 0.09, 0.10]}
-    row = gap_table([none, cs], norms, "loss", x0).splitlines()[2]
-    assert row.endswith(f" -0.02 ({-0.02 - d / 2:+.2g} to {-0.02 + d / 2:+.2g}, unpaired) |")
+    none_x0 = cell(at12, [0, 1, 2], none.final, [400.0, 800.0, 1600.0], [0.10, 0.11, 0.12], none.breaks)
+    cs_x0 = cell(cs.cell, [5, 6, 7], cs.final, [100.0, 200.0, 400.0], [0.08, 0.09, 0.10])
+    assert row(none_x0, cs_x0)[6] == f"-0.02 ({-0.02 - d / 2:+.2g} to {-0.02 + d / 2:+.2g}, unpaired)"
     # paired by seed: every seed of cs sits exactly 4x below none's norm and 0.1 below its loss,
     # so the paired intervals collapse onto the point while the unpaired ones above do not
-    seeds = {none.cell: [0, 1, 2], cs.cell: [0, 1, 2]}
-    cells = [
-        c.strip() for c in gap_table([none, cs], norms, "loss", x0, seeds).splitlines()[2].split("|")[1:-1]
-    ]
+    paired = cell(cs.cell, [0, 1, 2], cs.final, [100.0, 200.0, 400.0], [0.08, 0.09, 0.10])
+    cells = row(none_x0, paired)
     assert cells[3] == "0.25 (0.25 to 0.25)" and cells[5] == "-0.1 (-0.1 to -0.1)"
-    # seeds that do not match: no pairs, so unpaired again
-    shifted = {none.cell: [0, 1, 2], cs.cell: [5, 6, 7]}
-    assert "unpaired" in gap_table([none, cs], norms, "loss", None, shifted).splitlines()[2]
-    # one seed of cs against five of none: its own pair, no interval
-    one = CellSummary(Cell(12, 0.01, "cs"), [0.25], [], [], [[]])
-    row = gap_table([none, one], {none.cell: [400.0, 800.0, 1600.0], one.cell: [200.0]}, "loss", None,
-                    {none.cell: [0, 1, 2], one.cell: [1]}).splitlines()[2]  # fmt: skip
-    cells = [c.strip() for c in row.split("|")[1:-1]]
+    assert cells[6] == "-0.02 (-0.02 to -0.02)"
+    # the pairs are made by seed value: listed in another order, the same
+    shuffled = cell(cs.cell, [2, 0, 1], [0.24, 0.20, 0.22], [400.0, 100.0, 200.0], [0.10, 0.08, 0.09])
+    assert row(none_x0, shuffled) == cells
+    # one shared seed of three: its one pair, no interval (not Welch over the six runs)
+    overlap = cell(cs.cell, [2, 3, 4], [0.24, 0.5, 0.5], [400.0, 1.0, 1.0])
+    cells = row(none, overlap)
+    assert cells[3] == "0.25 (1 seed, no interval)" and cells[5] == "-0.1 (1 seed, no interval)"
+    # one seed of cs against three of none: its own pair, no interval
+    one = cell(cs.cell, [1], [0.25], [200.0])
+    cells = row(none, one)
     assert cells[3] == "0.25 (1 seed, no interval)" and cells[5] == "-0.07 (1 seed, no interval)"
 
 
 def test_the_held_out_x0_error_is_the_mean_over_the_levels_of_the_last_probe():
-    from scalelong.sweep import heldout_x0_error
+    from scalelong.studies.summary import heldout_x0_error
 
     records = [
         {"step": 5, "noise/x0_mse@0.10": 9.0, "noise/x0_mse@0.50": 9.0},

@@ -319,8 +319,9 @@ def _add_configs_command(sub) -> None:
 def cmd_compare(args: argparse.Namespace) -> int:
     import textwrap
 
-    from scalelong.compare import comparison_configs, parse_methods, run_comparison
+    from scalelong.compare import comparison_configs, run_comparison
     from scalelong.config import load_config
+    from scalelong.studies.running import parse_methods
 
     methods = parse_methods(args.methods)
     overrides = list(args.overrides) + ([f"train.steps={args.steps}"] if args.steps else [])
@@ -344,7 +345,7 @@ def _print_plan(cfgs, folder: Path) -> int:
     """``--dry-run`` of a study: check every run as the study would before its first, print the
     runs and the resolved config of the first (model, skips, data, as ``train --dry-run``); write
     nothing."""
-    from scalelong.compare import check_plan, plan_table
+    from scalelong.studies.running import check_plan, plan_table
 
     check_plan(cfgs)
     print(f"{len(cfgs)} runs in {folder / 'runs'}; report in {folder}")
@@ -366,8 +367,8 @@ def _report_paths(result) -> int:
 
 
 def cmd_sweep(args: argparse.Namespace) -> int:
-    from scalelong.compare import parse_methods
     from scalelong.config import load_config
+    from scalelong.studies.running import parse_methods
     from scalelong.sweep import check_fig1_lr, parse_numbers, plan, run_sweep
 
     methods = parse_methods(args.methods)

@@ -94,6 +94,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from scalelong import metric_names
 from scalelong.diffusion import add_noise
 from scalelong.errors import ScaleLongError
 from scalelong.runs import RunDir, load_model
@@ -373,7 +374,7 @@ class Diagnostics:
         for i in range(1, n_skips + 1):
             # A skip that did not run this step is recorded as NaN rather than left out.
             stats = self._skips.get(i)
-            names += [f"skip/{i}/{key}" for key in skip_keys]
+            names += [metric_names.skip(i, key) for key in skip_keys]
             tensors += stats[:-1] if stats is not None else [None] * len(skip_keys)
         for name, block in self.blocks.items():
             grads = [p.grad.detach() for p in block.parameters() if p.grad is not None]
@@ -381,7 +382,7 @@ class Diagnostics:
                 torch.linalg.vector_norm(torch.stack([g.float().norm() for g in grads])) if grads else None
             )
             feature = self._features.get(name) or [None, None]
-            names += [f"block/{name}/feature_norm", f"block/{name}/grad_norm", f"block/{name}/absmax"]
+            names += [metric_names.block(name, key) for key in ("feature_norm", "grad_norm", "absmax")]
             tensors += [feature[0], gnorm, feature[1]]
         # Missing measurements (a skip or block that did not run, a frozen block) become NaN in
         # the record but are not counted as non-finite values of the model.
@@ -397,15 +398,17 @@ class Diagnostics:
         self._skips.clear()
         self._features.clear()
 
-        feats = [out[f"block/{n}/feature_norm"] for n in self.blocks]
-        grads = [out[f"block/{n}/grad_norm"] for n in self.blocks]
+        feats = [out[metric_names.block(n, "feature_norm")] for n in self.blocks]
+        grads = [out[metric_names.block(n, "grad_norm")] for n in self.blocks]
         out["feature_norm"] = sum(feats) / len(feats) if feats else math.nan
         out["block_grad_norm"] = math.sqrt(sum(g * g for g in grads)) if grads else math.nan
         # Over what was measured: a skip or block that did not run is no NaN of the model's.
         absmax = (
-            v for k, t, v in zip(names, tensors, values, strict=True) if t is not None and _is_absmax(k)
+            v
+            for k, t, v in zip(names, tensors, values, strict=True)
+            if t is not None and metric_names.is_absmax(k)
         )
-        out["fp16/headroom"] = fp16_headroom(absmax)
+        out[metric_names.FP16_HEADROOM] = fp16_headroom(absmax)
         loss = float(loss)
         # Counted over the measurements only: early window statistics are NaN by design.
         nonfinite = sum(not math.isfinite(v) for v in values_measured) + (not math.isfinite(loss))
@@ -415,7 +418,7 @@ class Diagnostics:
         for series in OSC_SERIES:
             self.history[series].append(loss if series == "loss" else out[series])
             for k, v in window_stats(self.history[series]).items():
-                out[f"osc/{series}_{k}"] = v
+                out[metric_names.osc(series, k)] = v
         out["spikes"] = self.spikes
         out["nonfinite_values"] = nonfinite
         out["nonfinite_values_total"] = self.nonfinite_total
@@ -430,10 +433,6 @@ class Diagnostics:
 
 
 # ---------------------------------------------------------------------- fp16 headroom
-
-
-def _is_absmax(key: str) -> bool:
-    return key.endswith(("/absmax", "/absmax_in"))
 
 
 def fp16_headroom(absmaxes: Iterable[float]) -> float:
@@ -460,14 +459,14 @@ def headroom_warning(records: Sequence[Mapping[str, object]]) -> str | None:
             return math.nan
 
     close = [
-        (int(r["step"]), number(r["fp16/headroom"]), r)
+        (int(r["step"]), number(r[metric_names.FP16_HEADROOM]), r)
         for r in records
-        if "fp16/headroom" in r and number(r["fp16/headroom"]) < HEADROOM_WARNING
+        if metric_names.FP16_HEADROOM in r and number(r[metric_names.FP16_HEADROOM]) < HEADROOM_WARNING
     ]
     if not close:
         return None
     step, headroom, record = min(close, key=lambda c: c[0])
-    absmax = {k: number(v) for k, v in record.items() if _is_absmax(str(k))}
+    absmax = {k: number(v) for k, v in record.items() if metric_names.is_absmax(str(k))}
     tensor, value = max(absmax.items(), key=lambda kv: kv[1], default=("?", math.nan))
     lowest_step, lowest, _ = min(close, key=lambda c: c[1])
     came = "went past" if headroom < 1 else f"came within {HEADROOM_WARNING:g}x of"

@@ -306,8 +306,8 @@ def input_free_loss(
 
     A network whose loss does not fall clearly below this has learnt nothing from its input: for
     epsilon-prediction it is ~1 (the output 0), for v and x0 it follows from the images' variance.
-    The trainer logs it next to the loss (``loss_input_free``); :func:`scalelong.compare.divergence`
-    calls a run whose loss ends near it collapsed."""
+    The trainer logs it next to the loss (``loss_input_free``); the divergence rule
+    (:func:`scalelong.studies.divergence.divergence`) calls a run whose loss ends near it collapsed."""
     mean = mean_image.float().expand_as(x0)
     guess = prediction_target(schedule, mean, t, torch.zeros_like(noise))
     target = prediction_target(schedule, x0.float(), t, noise.float())

@@ -27,6 +27,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from scalelong import metric_names
 from scalelong.build import build_dataset, build_schedule, model_input_shape
 from scalelong.checkpoint import DamagedCheckpoint
 from scalelong.config import Config, EvalConfig, write_text_atomic
@@ -178,7 +179,7 @@ def digit_record(score: dict | None) -> dict:
     """The digit score as flat metrics-log entries (``digits/confident``, ``digits/entropy``)."""
     if score is None:
         return {}
-    return {"digits/confident": score["confident"], "digits/entropy": score["entropy"]}
+    return {metric_names.DIGITS_CONFIDENT: score["confident"], metric_names.DIGITS_ENTROPY: score["entropy"]}
 
 
 def _from_main(accelerator, value):
@@ -269,7 +270,7 @@ class TrainingEvaluator:
         if score is None:  # not the main process
             return {}
         return {
-            "fd": score.fd,
+            metric_names.FD: score.fd,
             "fd_metric": self.e.metric,
             "fd_samples": n,
             "fd_sampler": self.e.sampler,
@@ -298,7 +299,7 @@ class TrainingEvaluator:
         result = {
             "best_step": step,
             **result,
-            "fd_at_eval": self.run.eval_records(self.e.metric)[step]["fd"],
+            "fd_at_eval": self.run.eval_records(self.e.metric)[step][metric_names.FD],
         }
         self.run.eval_final_file.write_text(json.dumps(result, indent=1))
         return result
@@ -363,10 +364,10 @@ class NoiseLevelProbe:
             errors = noise_level_errors(model, self.schedule, images, **cond)
         finally:
             model.train(was_training)
-        record = {"noise/x0_mse_mean_image": baseline}
+        record = {metric_names.X0_MEAN_IMAGE: baseline}
         for level, err in errors.items():
-            record[f"noise/eps_mse@{level:.2f}"] = err["eps_mse"]
-            record[f"noise/x0_mse@{level:.2f}"] = err["x0_mse"]
+            record[metric_names.noise("eps", level)] = err["eps_mse"]
+            record[metric_names.noise("x0", level)] = err["x0_mse"]
         return record
 
 

@@ -16,6 +16,7 @@ import re
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
+from scalelong import metric_names as names
 from scalelong.errors import ScaleLongError
 from scalelong.runs import MetricsLog, RunDir, Warn
 
@@ -117,16 +118,16 @@ def _per_method(
 
 def plot_loss(records_by_method: Mapping[str, Records], path: str | Path) -> Path:
     """Training loss vs step, one line per method."""
-    return _per_method(records_by_method, "loss", path, "loss", log=True)
+    return _per_method(records_by_method, names.LOSS, path, "loss", log=True)
 
 
 def plot_feature_norm(records_by_method: Mapping[str, Records], path: str | Path) -> Path:
     """The paper's Fig. 1: norm of hidden features (mean over blocks) vs step, one line per method;
     on a log axis when a run's norms blow up by decades."""
-    return _per_method(records_by_method, "feature_norm", path, "norm of hidden features", log=None)
+    return _per_method(records_by_method, names.FEATURE_NORM, path, "norm of hidden features", log=None)
 
 
-def plot_fd(records_by_method: Mapping[str, Records], path: str | Path, key: str = "fd") -> Path:
+def plot_fd(records_by_method: Mapping[str, Records], path: str | Path, key: str = names.FD) -> Path:
     """Frechet distance vs step, one line per method."""
     return _per_method(records_by_method, key, path, "Frechet distance", log=True)
 
@@ -137,8 +138,8 @@ def plot_digit_score(
     """The digit score of each evaluation vs step, per method: the share of confident digits (left)
     and the class balance (right), with the held-out real digits' values ``real`` dashed."""
     fig, axes = _figure(ncols=2, size=(5.0, 3.5))
-    keys = (("digits/confident", "confident", "share of confident digits (p >= 0.9)"),
-            ("digits/entropy", "entropy", "class balance (entropy / log 10)"))  # fmt: skip
+    keys = ((names.DIGITS_CONFIDENT, "confident", "share of confident digits (p >= 0.9)"),
+            (names.DIGITS_ENTROPY, "entropy", "class balance (entropy / log 10)"))  # fmt: skip
     for ax, (key, name, label) in zip(axes[0], keys, strict=True):
         for method, records in records_by_method.items():
             steps, values = series(records, key)
@@ -156,7 +157,8 @@ def plot_grad_oscillation(records_by_method: Mapping[str, Records], path: str | 
     """Gradient norm of the blocks vs step (left) and its sliding-window std (right), per method."""
     fig, axes = _figure(ncols=2)
     for method, records in records_by_method.items():
-        for ax, key in zip(axes[0], ("block_grad_norm", "osc/block_grad_norm_std"), strict=True):
+        keys = (names.BLOCK_GRAD_NORM, names.osc(names.BLOCK_GRAD_NORM, "std"))
+        for ax, key in zip(axes[0], keys, strict=True):
             steps, values = series(records, key)
             if steps:
                 ax.plot(steps, values, label=method)
@@ -166,19 +168,17 @@ def plot_grad_oscillation(records_by_method: Mapping[str, Records], path: str | 
     return _save(fig, path)
 
 
-_NOISE = re.compile(r"^noise/(eps|x0)_mse@([0-9.]+)$")
-
-
 def last_noise_levels(records: Records) -> tuple[int, dict[str, dict[float, float]], float] | None:
     """The latest per-noise-level measurement of a run: (step, {"eps"|"x0": {level: mse}}, the
     mean-image x0 error), or None when the run logged none."""
     for r in sorted(records, key=lambda r: int(r["step"]), reverse=True):
         found: dict[str, dict[float, float]] = {"eps": {}, "x0": {}}
         for k, v in r.items():
-            if m := _NOISE.match(k):
-                found[m.group(1)][float(m.group(2))] = as_float(v)
+            if parsed := names.parse_noise(k):
+                kind, level = parsed
+                found[kind][level] = as_float(v)
         if found["x0"]:
-            return int(r["step"]), found, as_float(r.get("noise/x0_mse_mean_image", math.nan))
+            return int(r["step"]), found, as_float(r.get(names.X0_MEAN_IMAGE, math.nan))
     return None
 
 
@@ -205,9 +205,6 @@ def plot_noise_levels(records_by_method: Mapping[str, Records], path: str | Path
     return _save(fig, path)
 
 
-_COEF = re.compile(r"^skip/(\d+)/coef_mean$")
-
-
 def _ordinal(n: int) -> str:
     return f"{n}{'th' if 10 <= n % 100 <= 20 else {1: 'st', 2: 'nd', 3: 'rd'}.get(n % 10, 'th')}"
 
@@ -223,7 +220,8 @@ def plot_coefficients(records: Records, path: str | Path, title: str = "") -> Pa
     """One small panel per skip: its coefficient vs step (the mean over the batch, with the batch's
     min..max as a band) on a shared 0..1 axis; the panel's title names the skip (1 = outermost)
     and where the decoder merges it. Six bands of one axis hide each other; panels do not."""
-    indices = sorted({int(m.group(1)) for r in records for k in r if (m := _COEF.match(k))})
+    parsed = (names.parse_skip(k) for r in records for k in r)
+    indices = sorted({p[0] for p in parsed if p and p[1] == "coef_mean"})
     count = max(len(indices), 1)
     nrows = math.ceil(count / 4)
     ncols = math.ceil(count / nrows)
@@ -231,9 +229,9 @@ def plot_coefficients(records: Records, path: str | Path, title: str = "") -> Pa
     panels = [ax for row in axes for ax in row]
     num_skips = max(indices, default=0)
     for ax, i in zip(panels, indices, strict=False):
-        steps, mean = series(records, f"skip/{i}/coef_mean")
-        lo = dict(zip(*series(records, f"skip/{i}/coef_min"), strict=True))
-        hi = dict(zip(*series(records, f"skip/{i}/coef_max"), strict=True))
+        steps, mean = series(records, names.skip(i, "coef_mean"))
+        lo = dict(zip(*series(records, names.skip(i, "coef_min")), strict=True))
+        hi = dict(zip(*series(records, names.skip(i, "coef_max")), strict=True))
         band = [s for s in steps if s in lo and s in hi]
         ax.fill_between(band, [lo[s] for s in band], [hi[s] for s in band], color="C0", alpha=0.25, lw=0)
         ax.plot(steps, mean, color="C0")
@@ -254,11 +252,12 @@ def plot_coefficients(records: Records, path: str | Path, title: str = "") -> Pa
 
 
 def _varying_coefficients(records: Records) -> bool:
-    values: dict[str, set[float]] = {}
+    values: dict[int, set[float]] = {}
     for r in records:
         for k, v in r.items():
-            if k.startswith("skip/") and "/coef_" in k and math.isfinite(x := as_float(v)):
-                values.setdefault(k.split("/coef_")[0], set()).add(round(x, 6))
+            parsed = names.parse_skip(k)
+            if parsed and parsed[1].startswith("coef_") and math.isfinite(x := as_float(v)):
+                values.setdefault(parsed[0], set()).add(round(x, 6))  # per skip: mean, min and max
     return any(len(v) > 1 for v in values.values())
 
 
@@ -341,7 +340,7 @@ def _seed_count(counts: Sequence[int]) -> str:
 
 def fig1_by_depth_figure(
     runs: Mapping[tuple[int | None, str], Sequence[Records]],
-    key: str = "feature_norm",
+    key: str = names.FEATURE_NORM,
     log: bool | None = None,
     title: str = "",
 ):
@@ -394,13 +393,14 @@ def plot_fig1_by_depth(
 
 
 # Decoder blocks as the diagnostics name them: U-ViT out_blocks.j, diffusers up_blocks.j, UNet up.j.
-_DECODER_NORM = re.compile(r"^block/((out_blocks|up_blocks|up)\.(\d+))/feature_norm$")
+_DECODER = re.compile(r"^(out_blocks|up_blocks|up)\.(\d+)$")
 
 
 def decoder_blocks(records: Records) -> list[str]:
     """The decoder blocks with a logged feature norm (``out_blocks.0``, ...), in forward order."""
-    matches = (m for r in records for k in r if (m := _DECODER_NORM.match(k)))
-    found = {(m.group(2), int(m.group(3))): m.group(1) for m in matches}
+    parsed = (names.parse_block(k) for r in records for k in r)
+    matches = (m for p in parsed if p and p[1] == "feature_norm" and (m := _DECODER.match(p[0])))
+    found = {(m.group(1), int(m.group(2))): m.group(0) for m in matches}
     return [found[k] for k in sorted(found)]
 
 
@@ -430,7 +430,7 @@ def out_block_norm_figure(
         seeds = runs_by_method[method]
         blocks = decoder_blocks([r for records in seeds for r in records])
         for j, name in enumerate(blocks):
-            steps, mean, _, _ = seed_band(seeds, f"block/{name}/feature_norm")
+            steps, mean, _, _ = seed_band(seeds, names.block(name, "feature_norm"))
             colour = cmap(0.9 * j / max(len(blocks) - 1, 1))
             ax.plot(steps, mean, color=colour, label=_block_label(name, len(blocks)))
             values += mean
@@ -453,17 +453,17 @@ def plot_out_block_norms(runs_by_method: Mapping[str, Sequence[Records]], path: 
 
 
 def write_plots(
-    records_by_method: Mapping[str, Records], out_dir: str | Path, fd_key: str = "fd"
+    records_by_method: Mapping[str, Records], out_dir: str | Path, fd_key: str = names.FD
 ) -> list[Path]:
     """Every plot whose data is present, as PNG files in ``out_dir``; returns their paths."""
     out_dir = Path(out_dir)
     has = lambda key: any(key in r for recs in records_by_method.values() for r in recs)  # noqa: E731
     paths = []
-    if has("loss"):
+    if has(names.LOSS):
         paths.append(plot_loss(records_by_method, out_dir / "loss.png"))
-    if has("feature_norm"):
+    if has(names.FEATURE_NORM):
         paths.append(plot_feature_norm(records_by_method, out_dir / "feature_norm.png"))
-    if has("block_grad_norm"):
+    if has(names.BLOCK_GRAD_NORM):
         paths.append(plot_grad_oscillation(records_by_method, out_dir / "grad_oscillation.png"))
     if has(fd_key):
         paths.append(plot_fd(records_by_method, out_dir / "fd.png", fd_key))

@@ -52,6 +52,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from scalelong import metric_names
 from scalelong.build import build_model
 from scalelong.checkpoint import (
     DamagedCheckpoint,
@@ -430,7 +431,7 @@ class RunDir(os.PathLike):
         run's own metrics log by step; a later line for a step (after a resume) replaces an earlier."""
         records: dict[int, dict] = {}
         for r in self.metrics():
-            fd = r.get("fd")
+            fd = r.get(metric_names.FD)
             if "step" not in r or not isinstance(fd, (int, float)) or not math.isfinite(fd):
                 continue
             if metric is None or r.get("fd_metric") == metric:
@@ -450,7 +451,7 @@ class RunDir(os.PathLike):
             records = {s: r for s, r in records.items() if self.checkpoint(s).is_dir()}
         if not records:
             return None
-        return min(records, key=lambda s: (records[s]["fd"], s))
+        return min(records, key=lambda s: (records[s][metric_names.FD], s))
 
     def find_checkpoint(self, step: int | str | None = None) -> Path:
         """The checkpoint of ``step``: a number, None or "latest" (the newest), or "best"

@@ -3,9 +3,14 @@ how does that change with depth?
 
 Every cell (depth, lr, method) trains K seeds (``train.seed + k``) as ordinary runs under
 ``<out_dir>/<name>-sweep/runs/d12-lr0.01-cs-seed0``. A run that diverges is a result: each run is
-judged by :func:`scalelong.compare.divergence` and the others go on. The report covers every
+judged by :func:`scalelong.studies.divergence.divergence` and the others go on. The report covers every
 finished run of the same base config in that folder, so a later call with more seeds or other
 learning rates adds to the cells, and the report shows the union (with each cell's seed count).
+
+What is specific to the grid lives here: its cells' configs and runs, the stability and gap
+tables, the heatmaps, Fig. 1 by depth and the report. Running, the divergence rule, the
+statistics, the per-seed and per-cell summaries and the report's pieces are the
+:mod:`scalelong.studies` package's.
 """
 
 from __future__ import annotations
@@ -13,36 +18,10 @@ from __future__ import annotations
 import copy
 import json
 import math
-import statistics
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
 from pathlib import Path
 
-import scipy.stats
-
-from scalelong.compare import (
-    DEFAULT_RULE,
-    DIGIT_KEYS,
-    STUDY_FREE_KEYS,
-    Divergence,
-    DivergenceRule,
-    StudyResult,
-    StudyRun,
-    _last,
-    _mean_of,
-    broken_runs,
-    concluded,
-    criteria,
-    digit_headers,
-    digit_legend,
-    fmt_ci,
-    has_digits,
-    mean_ci,
-    read_run,
-    run_all,
-    seeds_note,
-    write_markdown_report,
-)
+from scalelong import metric_names as names
 from scalelong.config import (
     Config,
     config_from_dict,
@@ -61,20 +40,24 @@ from scalelong.plots import (
 )
 from scalelong.runs import RunDir, config_differences
 from scalelong.skips import METHODS
-
-
-@dataclass(frozen=True)
-class Cell:
-    """One point of the map."""
-
-    depth: int | None  # model.uvit.depth; None for a backbone without one
-    lr: float
-    method: str
-
-    def name(self, seed: int) -> str:
-        """The run's folder name, e.g. ``d12-lr0.01-cs-seed0``."""
-        depth = "" if self.depth is None else f"d{self.depth}-"
-        return f"{depth}lr{self.lr:g}-{self.method}-seed{seed}"
+from scalelong.studies.divergence import DEFAULT_RULE, DivergenceRule, criteria
+from scalelong.studies.report import (
+    digit_headers,
+    digit_legend,
+    has_digits,
+    seeds_note,
+    write_markdown_report,
+)
+from scalelong.studies.running import STUDY_FREE_KEYS, StudyResult, concluded, run_all
+from scalelong.studies.statistics import fisher_p, fmt_ci, fmt_contrast, mean_ci, rate_interval
+from scalelong.studies.summary import (
+    Cell,
+    CellSummary,
+    StudyRun,
+    broken_runs,
+    read_run,
+    summarise_cells,
+)
 
 
 def parse_numbers(text: str, flag: str, kind: type = float) -> list:
@@ -140,7 +123,7 @@ def plan(
 
 def collect(base: Config, runs_dir: Path, rule: DivergenceRule = DEFAULT_RULE) -> dict[Cell, list[StudyRun]]:
     """Every concluded run in ``runs_dir`` of the base config (up to its cell, seed and
-    :data:`~scalelong.compare.STUDY_FREE_KEYS`), by cell, in seed order."""
+    :data:`~scalelong.studies.running.STUDY_FREE_KEYS`), by cell, in seed order."""
     found: dict[Cell, list[tuple[int, StudyRun]]] = {}
     for path in sorted(runs_dir.iterdir()) if runs_dir.is_dir() else []:
         run = RunDir(path)
@@ -155,43 +138,6 @@ def collect(base: Config, runs_dir: Path, rule: DivergenceRule = DEFAULT_RULE) -
         if not config_differences(data, config_to_dict(expected), free=STUDY_FREE_KEYS):
             found.setdefault(cell_of(cfg), []).append((cfg.train.seed, read_run(path, rule)))
     return {cell: [r for _, r in sorted(runs, key=lambda x: x[0])] for cell, runs in found.items()}
-
-
-@dataclass
-class CellSummary:
-    """The seeds of one cell: the map's metric, stability statistics, and which seeds diverged."""
-
-    cell: Cell
-    final: list[float]  # final FD (or loss) per seed
-    feature_osc: list[float]  # mean sliding-window std of the hidden-feature norm per seed
-    spikes: list[float]  # loss spikes per seed
-    breaks: list[list[Divergence]]  # per seed; empty: healthy
-    confident: list[float] = field(default_factory=list)  # digit score of the last evaluation, per seed
-    entropy: list[float] = field(default_factory=list)  # its class balance, per seed
-
-    @property
-    def seeds(self) -> int:
-        return len(self.final)
-
-    @property
-    def diverged(self) -> int:
-        return sum(bool(b) for b in self.breaks)
-
-
-def summarise_cells(runs: Mapping[Cell, Sequence[StudyRun]], key: str) -> list[CellSummary]:
-    """One :class:`CellSummary` per cell; ``key`` is ``fd`` or ``loss``."""
-    return [
-        CellSummary(
-            cell,
-            [_last(r.records, key) for r in rs],
-            [_mean_of(r.records, "osc/feature_norm_std") for r in rs],
-            [_last(r.records, "spikes") for r in rs],
-            [r.breaks for r in rs],
-            [_last(r.records, DIGIT_KEYS[0]) for r in rs],
-            [_last(r.records, DIGIT_KEYS[1]) for r in rs],
-        )
-        for cell, rs in runs.items()
-    ]
 
 
 def _span(values: Sequence[int]) -> str:
@@ -224,7 +170,7 @@ def stability_table(cells: Sequence[CellSummary], metric: str) -> str:
         top = stable[-1].cell.lr
         largest = f"{top:g}" + (" (the largest tried)" if top == mine[-1].cell.lr else "")
         best = min(stable, key=lambda c: (_finite_or_inf(mean_ci(c.final)[0]), c.cell.lr))
-        lines.append(f"| {method} | {largest} | {fmt_ci(best.final)} | {best.cell.lr:g} | {best.seeds} |")
+        lines.append(f"| {method} | {largest} | {fmt_ci(best.final)} | {best.cell.lr:g} | {best.count} |")
     return "\n".join(lines)
 
 
@@ -232,7 +178,7 @@ def cell_table(cells: Sequence[CellSummary], metric: str, real_digits: Mapping |
     """Every cell: mean ± 95% interval over seeds of the final ``metric``, the digit score of the
     last evaluation (when the runs logged it: eval.metric fd-mnist; ``real_digits`` is its
     yardstick), feature-norm oscillation, spikes, and how many seeds diverged by which criterion."""
-    digits = has_digits(*(c.confident for c in cells), *(c.entropy for c in cells))
+    digits = has_digits(*(c.values(k) for c in cells for k in ("confident", "entropy")))
     extra = digit_headers(real_digits) if digits else []
     head = ["method", "lr", "seeds", f"final {metric}", *extra, "feature-norm osc. std", "loss spikes"]
     lines = [
@@ -240,26 +186,17 @@ def cell_table(cells: Sequence[CellSummary], metric: str, real_digits: Mapping |
         "|---" * (len(head) + 2) + "|",
     ]
     for c in sorted(cells, key=lambda c: (_method_order(c.cell.method), c.cell.lr)):
-        lo, hi = rate_interval(c.diverged, c.seeds)
-        scores = [fmt_ci(c.confident, 2), fmt_ci(c.entropy, 2)] if digits else []
-        row = [c.cell.method, f"{c.cell.lr:g}", str(c.seeds), fmt_ci(c.final), *scores]
-        row += [fmt_ci(c.feature_osc), fmt_ci(c.spikes), criteria(c.breaks)]
-        lines.append("| " + " | ".join(row) + f" | {c.diverged / c.seeds:.0%} ({lo:.0%}-{hi:.0%}) |")
+        lo, hi = rate_interval(c.diverged, c.count)
+        scores = [fmt_ci(c.values("confident"), 2), fmt_ci(c.values("entropy"), 2)] if digits else []
+        row = [c.cell.method, f"{c.cell.lr:g}", str(c.count), fmt_ci(c.final), *scores]
+        row += [fmt_ci(c.values("feature_osc")), fmt_ci(c.values("spikes")), criteria(c.breaks)]
+        lines.append("| " + " | ".join(row) + f" | {c.diverged / c.count:.0%} ({lo:.0%}-{hi:.0%}) |")
     return "\n".join(lines)
 
 
-def rate_interval(k: int, n: int, confidence: float = 0.95) -> tuple[float, float]:
-    """Exact (Clopper-Pearson) interval of a rate from ``k`` of ``n`` runs: with 5 seeds, 0/5
-    still allows a rate up to 52%."""
-    from scipy.stats import binomtest
-
-    ci = binomtest(k, n).proportion_ci(confidence, method="exact")
-    return ci.low, ci.high
-
-
 def write_map_json(cells: Sequence[CellSummary], path: Path, key: str) -> Path:
-    """Every cell's per-seed numbers as JSON (``final`` is the final ``key``: fd or loss), for
-    tables and plots made elsewhere."""
+    """Every cell's per-seed numbers as JSON (``final`` is the final ``key``: fd or loss), with
+    each value's seed, for tables and plots made elsewhere."""
 
     def number(x: float) -> float | None:
         return x if math.isfinite(x) else None  # JSON has no NaN
@@ -269,12 +206,15 @@ def write_map_json(cells: Sequence[CellSummary], path: Path, key: str) -> Path:
             "depth": c.cell.depth,
             "lr": c.cell.lr,
             "method": c.cell.method,
-            "seeds": c.seeds,
+            "seeds": c.count,
+            "seed": c.seeds,
             f"final_{key}": [number(x) for x in c.final],
-            "feature_norm_osc_std": [number(x) for x in c.feature_osc],
-            "loss_spikes": [number(x) for x in c.spikes],
-            "digits_confident": [number(x) for x in c.confident],
-            "digits_entropy": [number(x) for x in c.entropy],
+            "feature_norm": [number(x) for x in c.values("feature_norm")],
+            "heldout_x0_error": [number(x) for x in c.values("x0_error")],
+            "feature_norm_osc_std": [number(x) for x in c.values("feature_osc")],
+            "loss_spikes": [number(x) for x in c.values("spikes")],
+            "digits_confident": [number(x) for x in c.values("confident")],
+            "digits_entropy": [number(x) for x in c.values("entropy")],
             "diverged": [
                 [{"criterion": d.criterion, "step": d.step, "detail": d.detail} for d in b] for b in c.breaks
             ],
@@ -296,7 +236,7 @@ def draw_map(cells: Sequence[CellSummary], path: Path, title: str, metric: str) 
         values.append([mean_ci(c.final)[0] if c else math.nan for c in row])
         notes.append(
             [
-                "" if c is None else f"{c.diverged}/{c.seeds} diverged" if c.diverged else f"n={c.seeds}"
+                "" if c is None else f"{c.diverged}/{c.count} diverged" if c.diverged else f"n={c.count}"
                 for c in row
             ]
         )
@@ -315,95 +255,38 @@ def check_fig1_lr(fig1_lr: float | None, lrs: Sequence[float]) -> None:
         raise ScaleLongError(f"--fig1-lr {fig1_lr:g} is not one of --lrs {swept}; choose one of them")
 
 
-def fig1_table(runs: Mapping[tuple[int | None, str], Sequence[StudyRun]]) -> str:
-    """Per method and depth: the last logged hidden-feature norm, mean ± 95% t-interval over seeds,
-    and its ratio to ``none``'s at that depth (when ``none`` ran): the gap the paper says grows
-    with depth, in numbers."""
-    depths = sorted({d for d, _ in runs}, key=lambda d: d or 0)
-    methods = sorted({m for _, m in runs}, key=_method_order)
-    last = {k: [_last(r.records, "feature_norm") for r in rs] for k, rs in runs.items()}
+def fig1_table(cells: Sequence[CellSummary]) -> str:
+    """Per method and depth (the cells of one lr): the last logged hidden-feature norm, mean ± 95%
+    t-interval over seeds, and its ratio to ``none``'s at that depth (when ``none`` ran), paired by
+    seed as in the gap table (:func:`scalelong.studies.statistics.contrast`): the gap the paper says
+    grows with depth, in numbers."""
+    at = {(c.cell.depth, c.cell.method): c for c in cells}
+    depths = sorted({d for d, _ in at}, key=lambda d: d or 0)
+    methods = sorted({m for _, m in at}, key=_method_order)
     head = [f"depth {d}" if d is not None else "all" for d in depths]
     lines = ["| method | " + " | ".join(head) + " |", "|---" * (len(head) + 1) + "|"]
     for m in methods:
         row = []
         for d in depths:
-            if (d, m) not in last:
+            c, ref = at.get((d, m)), at.get((d, "none"))
+            if c is None:
                 row.append("")
                 continue
-            mean, ref = mean_ci(last[d, m])[0], mean_ci(last.get((d, "none"), []))[0]
-            ratio = f" ({mean / ref:.2g}x none)" if m != "none" and ref > 0 and math.isfinite(mean) else ""
-            row.append(fmt_ci(last[d, m]) + ratio)
+            ratio = c.against(ref, "feature_norm", ratio=True) if ref is not None and m != "none" else None
+            row.append(fmt_ci(c.values("feature_norm")) + (f" ({ratio.estimate:.2g}x none)" if ratio else ""))
         lines.append(f"| {m} | " + " | ".join(row) + " |")
     return "\n".join(lines)
 
 
-def _contrast(
-    a: Sequence[float],
-    b: Sequence[float],
-    log: bool = False,
-    seeds_a: Sequence[int] = (),
-    seeds_b: Sequence[int] = (),
-) -> tuple[float, float, float, bool] | None:
-    """Mean difference a - b (of logs when ``log``), its 95% interval and whether it is paired.
-    Paired by seed where at least two seeds are in both with finite values (a seed gives every
-    method the same batches and noise, so the pairs share much of their variation); else Welch's
-    interval over all finite values. A cell of one seed against its seed in the other: that one
-    difference, with a NaN interval. None when nothing can be compared."""
-
-    def f(v: float) -> float | None:
-        ok = math.isfinite(v) and (v > 0 or not log)
-        return (math.log(v) if log else v) if ok else None
-
-    xa, xb = dict(zip(seeds_a, map(f, a), strict=False)), dict(zip(seeds_b, map(f, b), strict=False))
-    pairs = [(xa[k], xb[k]) for k in xa if k in xb and xa[k] is not None and xb[k] is not None]
-    if len(pairs) >= 2 or (len(pairs) == 1 and min(len(a), len(b)) == 1):
-        mean, half = mean_ci([u - v for u, v in pairs])  # one pair: the point, no interval (NaN)
-        return mean, mean - half, mean + half, True
-    xs, ys = ([v for v in map(f, vs) if v is not None] for vs in (a, b))
-    if len(xs) < 2 or len(ys) < 2:
-        return None
-    ci = scipy.stats.ttest_ind(xs, ys, equal_var=False).confidence_interval(0.95)
-    return statistics.fmean(xs) - statistics.fmean(ys), float(ci.low), float(ci.high), False
-
-
-def heldout_x0_error(records: Sequence[dict]) -> float:
-    """The last logged held-out x0 error (``noise/x0_mse@L``), averaged over the noise levels L:
-    the EMA model on fixed held-out images, far less noisy than the last training loss."""
-    last = next((r for r in reversed(records) if any(k.startswith("noise/x0_mse@") for k in r)), None)
-    if last is None:
-        return math.nan
-    values = [float(v) for k, v in last.items() if k.startswith("noise/x0_mse@")]
-    return statistics.fmean(values) if all(math.isfinite(v) for v in values) else math.nan
-
-
-def _fmt_contrast(diff: tuple[float, float, float, bool] | None, ratio: bool = False) -> str:
-    """``diff`` of :func:`_contrast` as text: a signed difference, or with ``ratio`` (a difference
-    of logs) the ratio it stands for."""
-    if diff is None:
-        return "n/a"
-    mean, lo, hi = (math.exp(x) for x in diff[:3]) if ratio else diff[:3]
-    point = f"{mean:.2g}" if ratio else f"{mean:+.3g}"
-    if math.isnan(lo):
-        return f"{point} (1 seed, no interval)"
-    bounds = f"{lo:.2g} to {hi:.2g}" if ratio else f"{lo:+.2g} to {hi:+.2g}"
-    return f"{point} ({bounds}{'' if diff[3] else ', unpaired'})"
-
-
-def gap_table(
-    cells: Sequence[CellSummary],
-    norms: Mapping[Cell, Sequence[float]],
-    metric: str,
-    x0: Mapping[Cell, Sequence[float]] | None = None,
-    seeds: Mapping[Cell, Sequence[int]] | None = None,
-) -> str:
+def gap_table(cells: Sequence[CellSummary], metric: str) -> str:
     """Per depth, each method against ``none`` at the same lr: the ratio of the last hidden-feature
-    norms (on the logs), the divergence counts (two-sided Fisher exact p), the final ``metric``
-    difference and, where the runs logged it, that of the held-out x0 error (``x0``). Values are
-    per seed, in the order of ``seeds`` (the seed of each value; :func:`_contrast` pairs by it);
-    intervals are 95%. The paper's claim, read across the rows: the gap grows with depth."""
+    norms (a geometric mean), the divergence counts (two-sided Fisher exact p), the difference in
+    the final ``metric`` (its label) and, where the runs logged it, in the held-out x0 error. Every
+    contrast is :func:`scalelong.studies.statistics.contrast`: paired by seed value, Welch's
+    (marked unpaired) where the cells share no seed; intervals are 95%. The paper's claim, read
+    across the rows: the gap grows with depth."""
     by = {c.cell: c for c in cells}
-    seeds = seeds or {}
-    x0 = {k: v for k, v in (x0 or {}).items() if any(math.isfinite(e) for e in v)}
+    x0 = any(math.isfinite(e) for c in cells for e in c.values("x0_error"))
     lines = [
         "| depth | lr | method | feature norm / none (95% CI) | diverged vs none (Fisher p) "
         f"| final {metric} - none (95% CI) |" + (" held-out x0 error - none (95% CI) |" if x0 else ""),
@@ -413,21 +296,17 @@ def gap_table(
         ref = by.get(Cell(c.cell.depth, c.cell.lr, "none"))
         if c.cell.method == "none" or ref is None:
             continue
-        pair = {"seeds_a": seeds.get(c.cell, ()), "seeds_b": seeds.get(ref.cell, ())}
-        ratio = _contrast(norms.get(c.cell, []), norms.get(ref.cell, []), log=True, **pair)
-        diff = _contrast(c.final, ref.final, **pair)
-        table = [[c.diverged, c.seeds - c.diverged], [ref.diverged, ref.seeds - ref.diverged]]
-        p = scipy.stats.fisher_exact(table).pvalue
+        p = fisher_p(c.diverged, c.count, ref.diverged, ref.count)
         cols = [
             "" if c.cell.depth is None else str(c.cell.depth),
             f"{c.cell.lr:g}",
             c.cell.method,
-            _fmt_contrast(ratio, ratio=True),
-            f"{c.diverged}/{c.seeds} vs {ref.diverged}/{ref.seeds} (p {p:.2g})",
-            _fmt_contrast(diff),
+            fmt_contrast(c.against(ref, "feature_norm", ratio=True)),
+            f"{c.diverged}/{c.count} vs {ref.diverged}/{ref.count} (p {p:.2g})",
+            fmt_contrast(c.against(ref, f"final_{c.metric}")),
         ]
         if x0:
-            cols.append(_fmt_contrast(_contrast(x0.get(c.cell, []), x0.get(ref.cell, []), **pair)))
+            cols.append(fmt_contrast(c.against(ref, "x0_error")))
         lines.append("| " + " | ".join(cols) + " |")
     return "\n".join(lines) if len(lines) > 2 else ""
 
@@ -442,14 +321,15 @@ def fig1_section(
     heading = "## Fig. 1: hidden-feature norm by depth"
     lrs = sorted({c.lr for c in runs})
     lr = lrs[0] if fig1_lr is None and lrs else fig1_lr
-    chosen: dict[tuple[int | None, str], list[StudyRun]] = {}  # (depth, method) -> its seeds' runs
+    cells: dict[Cell, list[StudyRun]] = {}  # the cells drawn, each with its seeds' logged runs
     for c, rs in sorted(runs.items(), key=lambda kv: (kv[0].depth or 0, _method_order(kv[0].method))):
         logged = [r for r in rs if r.records]
         if lr is not None and _same_lr(c.lr, lr) and logged:
-            chosen[c.depth, c.method] = logged
+            cells[c] = logged
+    chosen = {(c.depth, c.method): rs for c, rs in cells.items()}
     if not chosen:
         return [heading, f"No finished run at lr {lr:g} to draw." if lr is not None else "No finished run."]
-    if not any(series(r.records, "feature_norm")[0] for rs in chosen.values() for r in rs):
+    if not any(series(r.records, names.FEATURE_NORM)[0] for rs in chosen.values() for r in rs):
         return [heading, "The runs logged no hidden-feature norm: set diagnostics.every > 0 to draw it."]
     which = "the smallest of the map" if fig1_lr is None else "chosen for this figure"
     png = plot_fig1_by_depth({k: [r.records for r in rs] for k, rs in chosen.items()}, sweep_dir / "fig1.png")
@@ -464,8 +344,9 @@ def fig1_section(
         "it down.",
         f"![Fig. 1 at lr {lr:g}]({png.name})",
         "The last logged hidden-feature norm (mean over seeds ± the half-width of a 95% t-interval; "
-        "in brackets the ratio to `none` at the same depth):",
-        fig1_table(chosen),
+        "in brackets its ratio to `none`'s at the same depth, the geometric mean over the seeds both "
+        "ran, as in the gap table):",
+        fig1_table(summarise_cells(cells, names.LOSS)),
     ]
     views = []
     for depth in sorted({d for d, _ in chosen}, key=lambda d: d or 0):
@@ -499,9 +380,9 @@ def write_sweep_report(
     smallest lr; :func:`fig1_section`) and report.html in ``sweep_dir``; returns the path of
     report.md and the stability tables (markdown)."""
     sweep_dir.mkdir(parents=True, exist_ok=True)
-    key, metric = ("fd", f"FD ({base.eval.metric})") if base.eval.every > 0 else ("loss", "loss")
+    key, metric = (names.FD, f"FD ({base.eval.metric})") if base.eval.every > 0 else (names.LOSS, "loss")
     cells = summarise_cells(runs, key)
-    seeds = [c.seeds for c in cells]
+    seeds = [c.count for c in cells]
     methods = sorted({c.cell.method for c in cells}, key=_method_order)
     parts = [
         f"# ScaleLong stability map: {', '.join(methods)}",
@@ -515,7 +396,7 @@ def write_sweep_report(
     ]
     if min(seeds, default=0) < 5:
         parts.append(seeds_note(min(seeds, default=0)))
-    if has_digits(*(c.confident for c in cells)):
+    if has_digits(*(c.values("confident") for c in cells)):
         parts.append(digit_legend())
     tables = []
     for depth in sorted({c.cell.depth for c in cells}, key=lambda d: d or 0):
@@ -527,19 +408,18 @@ def write_sweep_report(
         table = stability_table(mine, metric)
         tables.append((f"{label}:\n\n" if label else "") + table)
         parts += [f"## {label or 'All cells'}", f"![{png.stem}]({png.name})", table, cell_table(mine, metric)]
-    norms = {cell: [_last(r.records, "feature_norm") for r in rs] for cell, rs in runs.items()}
-    x0 = {cell: [heldout_x0_error(r.records) for r in rs] for cell, rs in runs.items()}
-    seeds = {cell: [r.seed for r in rs] for cell, rs in runs.items()}
-    gaps = gap_table(cells, norms, metric, x0, seeds)
+    gaps = gap_table(cells, metric)
     if gaps:
         parts += [
             "## The gap to `none`, by depth",
             "Each method against `none` in the same depth and lr. The paper says the gap grows with "
             "depth: a feature-norm ratio further below 1, fewer divergences, a lower final "
             f"{metric} in the deeper rows. The last logged hidden-feature norm of each seed enters "
-            "as a geometric mean. Differences are paired by seed where two or more seeds ran in both "
-            "cells (a seed gives every method the same batches and noise and, but for LS's gates, "
-            "the same initial weights), else unpaired (Welch). The held-out x0 error is the EMA "
+            "as a geometric mean. Ratios and differences are paired by seed over the seeds both "
+            "cells ran (a seed gives every method the same batches and noise and, but for LS's gates, "
+            "the same initial weights); where the cells share no seed they are unpaired (Welch's "
+            "interval, marked), and one shared seed gives its one value without an interval. The "
+            "held-out x0 error is the EMA "
             "model's on fixed held-out images, averaged over the noise levels (`noise/x0_mse@L`), "
             "less noisy than the last training loss. An interval that spans 1 (ratio) or 0 "
             "(difference) is no evidence of a gap.",

@@ -40,6 +40,7 @@ import torch
 from torch import nn
 from torch.utils.data import DataLoader
 
+from scalelong import metric_names
 from scalelong.build import (
     build_dataset,
     build_model,
@@ -818,8 +819,11 @@ def _rescore(trainer: Trainer) -> dict | None:
     final = trainer.evaluator.finalize() if trainer.evaluator is not None else None
     if final is not None and trainer.acc.is_main_process:
         digits = ""
-        if "digits/confident" in final:  # fd-mnist: beside FD, whether the samples read as digits
-            score = {"confident": final["digits/confident"], "entropy": final["digits/entropy"]}
+        if metric_names.DIGITS_CONFIDENT in final:  # fd-mnist: beside FD, whether the samples read as digits
+            score = {
+                "confident": final[metric_names.DIGITS_CONFIDENT],
+                "entropy": final[metric_names.DIGITS_ENTROPY],
+            }
             digits = f"; digits: {format_digit_score(score)}"
         print(
             f"best step {final['best_step']}: {final['fd_metric']} {final['fd']:.4g} "

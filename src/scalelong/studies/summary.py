@@ -1,0 +1,231 @@
+"""A study's runs read back, and the one per-seed summary that every table of a study reads.
+
+:func:`read_run` reads a run directory with the verdict of the divergence rule;
+:func:`summarise_run` turns it into a :class:`SeedSummary`, the numbers of that one seed. A
+study groups seeds: :class:`MethodSummary` (a method of a comparison, with its steps to the
+baseline's final FD) and :class:`CellSummary` (a cell of a map: depth, lr, method). Both compare
+with a baseline group through :meth:`SeedGroup.against`, the one paired estimator
+(:func:`scalelong.studies.statistics.contrast`), by seed value. The per-cell summaries
+(:func:`summarise_cells`) are what a reading across learning rates works from.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+
+from scalelong import metric_names as names
+from scalelong.errors import ScaleLongError
+from scalelong.plots import Records, as_float, load_metrics, series
+from scalelong.runs import RunDir
+from scalelong.studies.divergence import DEFAULT_RULE, Divergence, DivergenceRule, divergence
+from scalelong.studies.statistics import Contrast, contrast
+
+
+@dataclass
+class StudyRun:
+    """One run of a study read back from its directory, with the verdict of :func:`divergence`."""
+
+    name: str
+    records: list[dict]
+    summary: dict
+    breaks: list[Divergence]
+    error: str = ""  # why it could not run (its records are then left out)
+    path: Path | None = None  # its run directory
+    seed: int | None = None  # its train.seed (None: not read, the run could not be)
+
+
+def read_run(run_dir: str | Path, rule: DivergenceRule = DEFAULT_RULE, error: str = "") -> StudyRun:
+    """The run of ``run_dir`` as a study sees it; ``error``: it failed, so only its name counts."""
+    run = RunDir(run_dir)
+    if error or not run.metrics_file.is_file():
+        return StudyRun(run.name, [], {}, [], error or "no metrics", run.path)
+    records, summary = load_metrics(run), run.summary or {}
+    cfg = run.config()
+    breaks = divergence(records, summary.get("stopped"), cfg.optim.warmup_steps, rule)
+    return StudyRun(run.name, records, summary, breaks, path=run.path, seed=cfg.train.seed)
+
+
+def broken_runs(runs: Iterable[StudyRun]) -> list[str]:
+    """Markdown list items: each run that diverged (criterion, step, numbers) or failed."""
+    lines = []
+    for r in runs:
+        if r.error:
+            lines.append(f"- `{r.name}`: failed: {r.error}")
+        lines += [f"- `{r.name}`: {d}" for d in r.breaks]
+    return lines
+
+
+# ----------------------------------------------------------------------------- values of one run
+
+
+def last_value(records: Records, key: str) -> float:
+    """The last finite value of ``key`` in step order (NaN if it has none)."""
+    finite = [v for v in series(records, key)[1] if math.isfinite(v)]
+    return finite[-1] if finite else math.nan
+
+
+def mean_value(records: Records, key: str) -> float:
+    """The mean of the finite values of ``key`` (NaN if it has none)."""
+    finite = [v for v in series(records, key)[1] if math.isfinite(v)]
+    return statistics.fmean(finite) if finite else math.nan
+
+
+def heldout_x0_error(records: Records) -> float:
+    """The last logged held-out x0 error (``noise/x0_mse@L``), averaged over the noise levels L:
+    the EMA model on fixed held-out images, far less noisy than the last training loss."""
+
+    def levels(r: Mapping) -> list[float]:
+        return [as_float(v) for k, v in r.items() if (p := names.parse_noise(k)) and p[0] == "x0"]
+
+    last = next((r for r in reversed(records) if levels(r)), None)
+    if last is None:
+        return math.nan
+    values = levels(last)
+    return statistics.fmean(values) if all(math.isfinite(v) for v in values) else math.nan
+
+
+def average_records(runs: Sequence[Records]) -> list[dict]:
+    """One record per step holding the mean over runs of every key logged at that step."""
+    by_step: dict[int, dict[str, list[float]]] = {}
+    for records in runs:
+        for r in records:
+            slot = by_step.setdefault(int(r["step"]), {})
+            for k, v in r.items():
+                if k != "step":
+                    slot.setdefault(k, []).append(as_float(v))
+    return [
+        {"step": s, **{k: statistics.fmean(v) for k, v in kv.items()}} for s, kv in sorted(by_step.items())
+    ]
+
+
+# ----------------------------------------------------------------------------- the per-seed summary
+
+
+@dataclass(frozen=True)
+class SeedSummary:
+    """What a study reads from one run (one seed); NaN where the run did not log it."""
+
+    seed: int | None = None  # its train.seed: what pairs it with the baseline's run
+    final_fd: float = math.nan  # the last finite Frechet distance (``fd``)
+    final_loss: float = math.nan
+    feature_norm: float = math.nan  # the last logged hidden-feature norm (the paper's Fig. 1)
+    feature_osc: float = math.nan  # mean sliding-window std of the hidden-feature norm
+    spikes: float = math.nan  # loss spikes by the end
+    confident: float = math.nan  # digit score of the last evaluation (fd-mnist)
+    entropy: float = math.nan  # its class balance
+    x0_error: float = math.nan  # held-out x0 error of the last probe (:func:`heldout_x0_error`)
+    breaks: tuple[Divergence, ...] = ()  # the divergence rule's verdict; empty: healthy
+
+
+def summarise_run(run: StudyRun) -> SeedSummary:
+    """The :class:`SeedSummary` of one run (a failed run: its seed and NaN)."""
+    r = run.records
+    return SeedSummary(
+        seed=run.seed,
+        final_fd=last_value(r, names.FD),
+        final_loss=last_value(r, names.LOSS),
+        feature_norm=last_value(r, names.FEATURE_NORM),
+        feature_osc=mean_value(r, names.osc(names.FEATURE_NORM, "std")),
+        spikes=last_value(r, names.SPIKES),
+        confident=last_value(r, names.DIGITS_CONFIDENT),
+        entropy=last_value(r, names.DIGITS_ENTROPY),
+        x0_error=heldout_x0_error(r),
+        breaks=tuple(run.breaks),
+    )
+
+
+VALUES = tuple(f.name for f in fields(SeedSummary) if f.type == "float")  # what a group tabulates
+
+
+class SeedGroup:
+    """The seeds of one group of runs (``runs``, one :class:`SeedSummary` per seed, in seed order):
+    their values, their divergence verdicts and the contrast with a baseline group."""
+
+    runs: list[SeedSummary]
+
+    def values(self, key: str) -> list[float]:
+        """``key`` (a float field of :class:`SeedSummary`, e.g. ``final_loss``) of every seed."""
+        if key not in VALUES:
+            raise ScaleLongError(f"no per-seed value {key!r}; choose from {', '.join(VALUES)}")
+        return [getattr(r, key) for r in self.runs]
+
+    @property
+    def seeds(self) -> list[int | None]:
+        return [r.seed for r in self.runs]
+
+    @property
+    def count(self) -> int:
+        return len(self.runs)
+
+    @property
+    def breaks(self) -> list[list[Divergence]]:
+        return [list(r.breaks) for r in self.runs]
+
+    @property
+    def diverged(self) -> int:
+        return sum(bool(r.breaks) for r in self.runs)
+
+    def against(self, baseline: SeedGroup, key: str, ratio: bool = False) -> Contrast | None:
+        """``key`` of this group against ``baseline``'s, paired by seed value
+        (:func:`scalelong.studies.statistics.contrast`); ``ratio``: on the log scale."""
+        return contrast(self.values(key), baseline.values(key), self.seeds, baseline.seeds, ratio)
+
+
+@dataclass
+class MethodSummary(SeedGroup):
+    """A method of a comparison: its seeds, and the step at which each reached the final FD of
+    the baseline's run of the same seed (None: never, or no such run)."""
+
+    method: str
+    runs: list[SeedSummary]
+    steps_to_target: list[int | None] = field(default_factory=list)  # per seed, as ``runs``
+
+    def fd_change(self, baseline: MethodSummary) -> Contrast | None:
+        """The final FD as a ratio to the baseline's (geometric mean over paired seeds)."""
+        return self.against(baseline, "final_fd", ratio=True)
+
+    def speedup(self, baseline: MethodSummary) -> Contrast | None:
+        """The baseline's steps to its final FD over this method's, seed by seed (the seeds where
+        both got there), as a geometric-mean ratio: 2 is twice as fast."""
+
+        def steps(s: MethodSummary) -> list[float]:
+            return [math.nan if x is None else float(x) for x in s.steps_to_target]
+
+        return contrast(steps(baseline), steps(self), baseline.seeds, self.seeds, ratio=True)
+
+
+@dataclass(frozen=True)
+class Cell:
+    """One point of a map: (depth, lr, method)."""
+
+    depth: int | None  # model.uvit.depth; None for a backbone without one
+    lr: float
+    method: str
+
+    def name(self, seed: int) -> str:
+        """The run's folder name, e.g. ``d12-lr0.01-cs-seed0``."""
+        depth = "" if self.depth is None else f"d{self.depth}-"
+        return f"{depth}lr{self.lr:g}-{self.method}-seed{seed}"
+
+
+@dataclass
+class CellSummary(SeedGroup):
+    """A cell of a map and its seeds; ``metric`` is the map's final metric, ``fd`` or ``loss``."""
+
+    cell: Cell
+    runs: list[SeedSummary]
+    metric: str = names.LOSS
+
+    @property
+    def final(self) -> list[float]:
+        """The final ``metric`` of every seed."""
+        return self.values(f"final_{self.metric}")
+
+
+def summarise_cells(runs: Mapping[Cell, Sequence[StudyRun]], metric: str) -> list[CellSummary]:
+    """One :class:`CellSummary` per cell, its runs in the order given; ``metric``: ``fd`` or ``loss``."""
+    return [CellSummary(cell, [summarise_run(r) for r in rs], metric) for cell, rs in runs.items()]
