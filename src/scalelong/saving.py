@@ -89,9 +89,8 @@ def save_scalelong(model: nn.Module, directory: str | Path, save_model: bool | N
         meta["layout"] = _builtin_layout(owner, scaling)
     meta["blocks"] = _block_paths(owner, scaling)
     if save_model:
-        held = owner._modules.pop(
-            "scalelong", None
-        )  # keep the model's files exactly those of the plain model
+        # keep the model's files exactly those of the plain model
+        held = owner._modules.pop("scalelong", None)
         try:
             model.save_pretrained(directory)
         finally:
