@@ -99,6 +99,9 @@ def test_mistakes_are_one_line(tmp_path):
     with pytest.raises(ScaleLongError, match="saved for 2 skips but this model has 3"):
         load_scalelong(deeper, tmp_path)
     meta = json.loads((tmp_path / "scalelong.json").read_text())
+    (tmp_path / "scalelong.json").write_text(json.dumps({k: v for k, v in meta.items() if k != "weights"}))
+    with pytest.raises(ScaleLongError, match="records no checksum"):
+        load_scalelong(uvit("none"), tmp_path)
     (tmp_path / "scalelong.json").write_text(json.dumps({**meta, "format": 99}))
     with pytest.raises(ScaleLongError, match="newer scalelong"):
         load_scalelong(uvit("none"), tmp_path)

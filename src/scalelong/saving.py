@@ -14,7 +14,7 @@ without the gates, so ``from_pretrained`` loads them with no unexpected key).
     {"format": 1, "method": "ls", "kappa": 0.9, "reduction": 16, "num_skips": 4, "at": "",
      "declaration": {"skips": [{"module": "up_blocks.1", "arg": "res_hidden_states_tuple",
                                 "channels": null, "dim": 1, "item": 0}, ...],
-                     "num_tokens": null, "skip_channels": [16, 16, 16, 32], "shapes": [...]},
+                     "shapes": [[16, 16, 16], ...]},
      "builtin": null, "layout": {"num_tokens": null, "skip_channels": [16, 16, 16, 32]},
      "blocks": {"down_blocks.0": "down_blocks.0", ...},
      "weights": {"bytes": 1234, "sha256": "..."}}
@@ -71,19 +71,15 @@ def save_scalelong(model: nn.Module, directory: str | Path, save_model: bool | N
         "num_skips": scaling.num_skips,
         "at": at,
     }
-    if record is not None:
+    if record is not None:  # hooks: the declaration, as data
         meta["declaration"] = {
             "skips": [s.to_dict() for s in record.skips],
-            "num_tokens": record.num_tokens,
-            "skip_channels": None if record.skip_channels is None else list(record.skip_channels),
             "shapes": [None if s is None else list(s) for s in record.shapes],
         }
         meta["builtin"] = None
-        meta["layout"] = {
-            "num_tokens": record.num_tokens,
-            "skip_channels": meta["declaration"]["skip_channels"],
-        }
-    else:
+        channels = None if record.skip_channels is None else list(record.skip_channels)
+        meta["layout"] = {"num_tokens": record.num_tokens, "skip_channels": channels}
+    else:  # a backbone that calls its SkipScaling itself: where that module sits
         meta["declaration"] = None
         meta["builtin"] = path.removeprefix(f"{at}.") if at else path
         meta["layout"] = _builtin_layout(owner, scaling)
@@ -122,6 +118,8 @@ def load_scalelong(model: nn.Module, directory: str | Path) -> nn.Module:
     meta = _read_meta(meta_path)
     data = weights_path.read_bytes()
     expected = meta.get("weights")
+    if "format" in meta and not isinstance(expected, dict):
+        raise ScaleLongError(f"{meta_path} records no checksum of {WEIGHTS_FILE}; save it again")
     if isinstance(expected, dict) and (
         len(data) != expected.get("bytes") or hashlib.sha256(data).hexdigest() != expected.get("sha256")
     ):
@@ -189,10 +187,9 @@ def _block_paths(owner: nn.Module, scaling: SkipScaling) -> dict[str, str] | Non
 def _read_meta(meta_path: Path) -> dict[str, Any]:
     try:
         meta = json.loads(meta_path.read_text())
-        if not isinstance(meta, dict):
-            raise TypeError("not a JSON object")
-        meta["method"], meta["kappa"]  # noqa: B018 (the keys every version wrote)
-    except (json.JSONDecodeError, UnicodeDecodeError, KeyError, TypeError) as e:
+        if not isinstance(meta, dict) or not {"method", "kappa"} <= set(meta):  # what every version wrote
+            raise TypeError("not a JSON object with method and kappa")
+    except (json.JSONDecodeError, UnicodeDecodeError, TypeError) as e:
         raise ScaleLongError(
             f"{meta_path} is not a valid ScaleLong file ({type(e).__name__}: {e}); save it again"
         ) from None
@@ -224,21 +221,21 @@ def _replay(target: nn.Module, meta: dict[str, Any], state: dict, directory: Pat
             apply_scalelong(target, method, kappa, reduction=reduction, pretrained=False)
         else:
             skips = [SkipInput.from_dict(s) for s in decl["skips"]]
-            blocks = meta.get("blocks") or {}
+            blocks, layout = meta.get("blocks") or {}, meta.get("layout") or {}
             declared.install(
                 target,
                 method,
                 kappa,
                 skips,
-                num_tokens=decl.get("num_tokens"),
-                skip_channels=decl.get("skip_channels"),
+                num_tokens=layout.get("num_tokens"),
+                skip_channels=layout.get("skip_channels"),
                 reduction=reduction,
                 blocks={name: _get(target, p, directory) for name, p in blocks.items()},
                 shapes=[None if s is None else tuple(s) for s in decl.get("shapes") or [None] * len(skips)],
             )
-    except (KeyError, TypeError, ValueError) as e:
-        if isinstance(e, ScaleLongError):
-            raise
+    except ScaleLongError:  # a declaration that does not fit this model: the installer's own words
+        raise
+    except (KeyError, TypeError, ValueError) as e:  # a declaration this version cannot read
         raise ScaleLongError(
             f"{META_FILE} holds a declaration this version cannot read ({e!r}); save it again"
         ) from None

@@ -162,11 +162,11 @@ def install(
         raise ScaleLongError(
             f"skip_channels lists {len(skip_channels)} widths for {len(skips)} skips; give one per skip"
         )
-    if shapes is None:
-        shapes = [
-            (c, None, None) if skip_channels is not None else (num_tokens, None) if num_tokens else None
-            for c in (skip_channels if skip_channels is not None else [None] * len(skips))
-        ]
+    if shapes is None:  # what the gates' sizes say: (C, ?, ?) maps or (L, ?) tokens
+        if skip_channels is not None:
+            shapes = [(int(c), None, None) for c in skip_channels]
+        else:
+            shapes = [None if num_tokens is None else (num_tokens, None)] * len(skips)
     if kappa is None:
         kappa = DEFAULT_KAPPA["uvit" if num_tokens is not None else "unet"]
     scaling = SkipScaling(
