@@ -42,11 +42,12 @@ def main() -> None:
     diag = Diagnostics(model, every=args.every)
 
     def step(index: int | None) -> None:
-        logging = index is not None and diag.active_for(index)
+        if index is not None:
+            diag.arm(index)
         loss = training_loss(model, schedule, x0, gen).mean()
         loss.backward()
-        if logging:
-            diag.collect(index, loss.item())
+        if index is not None:
+            diag.collect(index, loss.item())  # {} on an unarmed step
         opt.step()
         opt.zero_grad(set_to_none=True)
 

@@ -5,8 +5,8 @@ The shape of diffusers' ``examples/unconditional_image_generation/train_uncondit
 end), with the four lines ScaleLong adds to any loop:
 
 * ``apply_scalelong(unet, method, kappa)`` after building the UNet and before the optimizer;
-* ``Diagnostics(unet, every=N)``, whose ``active_for(step)`` arms its hooks before the forward
-  and ``collect(step, loss)`` reads them after backward, before the optimizer step;
+* ``Diagnostics(unet, every=N)``, whose ``arm(step)`` installs its hooks before the forward of a
+  logged step and ``collect(step, loss)`` reads them after backward, before the optimizer step;
 * ``RunLog(output_dir)``, which writes ``metrics.jsonl`` as ``scalelong train`` does, so
   ``scalelong analyze OUTPUT_DIR`` draws the hidden-feature norm, gradient oscillation and skip
   coefficients of this run;
@@ -309,7 +309,7 @@ def train(args: argparse.Namespace) -> None:
         accelerator.print(f"resumed from {checkpoint} at step {global_step}")
 
     # Every process arms and reads the hooks (the gradients are the all-reduced ones); one writes.
-    diag = Diagnostics(model, every=args.diagnostics_every).attach()
+    diag = Diagnostics(model, every=args.diagnostics_every)  # listens from here on
     if args.logger != "none":
         accelerator.init_trackers("train_diffusers_unet")
     batches = infinite(loader)
@@ -327,10 +327,10 @@ def train(args: argparse.Namespace) -> None:
                 "v_prediction": noise_scheduler.get_velocity(x0, noise, t),
                 "sample": x0,
             }[args.prediction_type]
-            logging = diag.active_for(step)  # arms the hooks for this forward on logged steps
+            logged = diag.arm(step)  # True on logged steps: hooks for this forward
             loss = F.mse_loss(unet(noisy, t).sample.float(), target.float())
             accelerator.backward(loss)
-            record = diag.collect(step, loss.item()) if logging else {}  # after backward, before step
+            record = diag.collect(step, loss.item())  # after backward, before step; {} if not armed
             if args.max_grad_norm > 0:
                 accelerator.clip_grad_norm_(unet.parameters(), args.max_grad_norm)
             optimizer.step()
@@ -341,7 +341,7 @@ def train(args: argparse.Namespace) -> None:
             global_step = step
             bar.update(1)
 
-            if step % args.logging_steps == 0 or logging:
+            if step % args.logging_steps == 0 or logged:
                 mean_loss = accelerator.reduce(loss.detach(), "mean").item()  # every process takes part
                 lr = lr_scheduler.get_last_lr()[0]
                 extra = {**record, **({"ema_decay": ema.cur_decay_value} if ema is not None else {})}
@@ -371,7 +371,7 @@ def finish(args: argparse.Namespace, model, ema, noise_scheduler, device) -> Non
     from diffusers import DDPMPipeline
     from torchvision.utils import save_image
 
-    from scalelong.adapters import save_scalelong
+    from scalelong import save_scalelong
 
     out = Path(args.output_dir)
     model.eval()

@@ -4,9 +4,10 @@ Everything a training loop needs is written out here in a few lines each, so it 
 into a loop of your own: the DDPM epsilon-prediction loss, warm-up, gradient clipping, an EMA
 made by ``copy.deepcopy``, safetensors checkpoints that resume exactly, and a DDIM sample grid.
 ScaleLong itself is one argument of the model, ``UViT(..., skip_method="cs", kappa=0.5)``; the
-diagnostics are two calls per step (``Diagnostics.active_for`` before the forward,
-``collect`` after backward) and ``RunLog`` writes ``OUTPUT_DIR/metrics.jsonl`` as
-``scalelong train`` does, so ``scalelong analyze OUTPUT_DIR`` draws this run's plots.
+diagnostics are two calls per step (``Diagnostics.arm`` before the forward, ``collect`` after
+backward) and ``RunLog`` writes ``OUTPUT_DIR/metrics.jsonl`` as ``scalelong train`` does, so
+``scalelong analyze OUTPUT_DIR`` draws this run's plots. The warm-up and the EMA are the
+trainer's own (``scalelong.optim``, which imports nothing of the trainer).
 
     python examples/train_uvit_plain.py --skip-method cs --output-dir runs/uvit-cs
     python examples/train_uvit_plain.py --skip-method cs --output-dir runs/uvit-cs \
@@ -213,6 +214,7 @@ def train(args: argparse.Namespace) -> None:
 
     from scalelong import Diagnostics, RunLog
     from scalelong.data import embedded_mnist
+    from scalelong.optim import ema_update, lr_factor
 
     if args.device == "cuda" and not torch.cuda.is_available():
         raise ScaleLongError("--device cuda but no CUDA device is available; use --device auto")
@@ -232,7 +234,7 @@ def train(args: argparse.Namespace) -> None:
     model = build_model(kwargs).to(device)
     opt = torch.optim.AdamW(model.parameters(), lr=args.learning_rate)  # after the model: ls gates too
     ema = copy.deepcopy(model).requires_grad_(False)  # its own copy of the skip gates
-    diag = Diagnostics(model, every=args.diagnostics_every).attach()
+    diag = Diagnostics(model, every=args.diagnostics_every)  # listens from here on
     step = load_checkpoint(out / "checkpoints", model, ema, opt, diag, kwargs) if args.resume else 0
     if step >= args.max_train_steps:
         raise ScaleLongError(f"the checkpoint is at step {step}; raise --max-train-steps to train on")
@@ -247,23 +249,23 @@ def train(args: argparse.Namespace) -> None:
             step += 1
             gen = torch.Generator().manual_seed(args.seed * 1_000_003 + step)  # this step's batch and noise
             x0 = images[torch.randint(len(images), (args.batch_size,), generator=gen)].to(device)
-            lr = args.learning_rate * min(1.0, step / max(1, args.warmup_steps))
+            lr = args.learning_rate * lr_factor(
+                step - 1, args.warmup_steps, args.max_train_steps, "constant", 0.0
+            )
             for group in opt.param_groups:
                 group["lr"] = lr
-            logging = diag.active_for(step)  # arms the hooks for this forward on logged steps
+            logged = diag.arm(step)  # True on logged steps: hooks for this forward
             loss = ddpm_loss(model, x0, alpha_bar, gen)
             loss.backward()
-            record = diag.collect(step, loss.item()) if logging else {}  # after backward, before step
+            record = diag.collect(step, loss.item())  # after backward, before step; {} if not armed
             if args.max_grad_norm > 0:
                 record["grad_norm"] = torch.nn.utils.clip_grad_norm_(
                     model.parameters(), args.max_grad_norm
                 ).item()
             opt.step()
             opt.zero_grad(set_to_none=True)
-            with torch.no_grad():  # EMA: ema <- decay * ema + (1 - decay) * model
-                for e, p in zip(ema.parameters(), model.parameters(), strict=True):
-                    e.lerp_(p, 1 - args.ema_decay)
-            if logging or step % args.logging_steps == 0:
+            ema_update(ema, model, args.ema_decay)  # ema <- decay * ema + (1 - decay) * model
+            if logged or step % args.logging_steps == 0:
                 log.write(step, record, loss=loss.item(), lr=lr)
             if step % args.save_steps == 0 or step == args.max_train_steps:
                 save_checkpoint(out / "checkpoints", step, model, ema, opt, diag, kwargs)

@@ -31,6 +31,7 @@ class Case:
     blocks: list[str]
     declare: Callable[[nn.Module], dict] = field(default=lambda model: {})  # extra apply_scalelong kwargs
     watch: Callable[[nn.Module], dict] | None = None  # blocks a user declares for the diagnostics
+    shapes: list | None = None  # what describe() reports per skip (without the batch), outermost first
 
 
 def _append_output(record: Record) -> Callable:
@@ -107,9 +108,10 @@ def run_unidiffuser(model: nn.Module) -> torch.Tensor:
 
 
 def unet2d() -> nn.Module:
-    """A toy diffusers UNet2DModel: 16x16 grey images, two levels, 5 skips."""
+    """A toy diffusers UNet2DModel: 16x16 grey images, two levels, 4 skips; the same weights each call."""
     import diffusers
 
+    torch.manual_seed(0)
     return diffusers.UNet2DModel(
         sample_size=16,
         in_channels=1,
@@ -140,6 +142,7 @@ def unet2d_condition() -> nn.Module:
     """A toy diffusers UNet2DConditionModel with cross-attention on 8-wide context tokens."""
     import diffusers
 
+    torch.manual_seed(0)
     return diffusers.UNet2DConditionModel(
         sample_size=16,
         in_channels=1,
@@ -152,6 +155,35 @@ def unet2d_condition() -> nn.Module:
         attention_head_dim=4,
         norm_num_groups=8,
     )
+
+
+def run_unet2d(model: nn.Module) -> torch.Tensor:
+    gen = torch.Generator().manual_seed(0)
+    x = torch.randn(2, 1, 16, 16, generator=gen)
+    return model(x, torch.tensor([10.0, 500.0])).sample
+
+
+def run_unet2d_condition(model: nn.Module) -> torch.Tensor:
+    gen = torch.Generator().manual_seed(0)
+    x, text = torch.randn(2, 1, 16, 16, generator=gen), torch.randn(2, 5, 8, generator=gen)
+    return model(x, torch.tensor([10.0, 500.0]), encoder_hidden_states=text).sample
+
+
+def _unet_producers(unet: nn.Module, record: Record) -> None:
+    unet.conv_in.register_forward_hook(_append_output(record))  # skip 1: conv_in's output
+
+    def down(_m, _a, out):  # a down block returns (hidden, res_samples): its skips, in order
+        record.extend(out[1])
+
+    for block in unet.down_blocks:
+        block.register_forward_hook(down)
+
+
+def _unet_consumers(unet: nn.Module, record: Record) -> None:
+    # every up resnet sees cat([h, skip], 1) after every pre-hook of its up block
+    for block in unet.up_blocks:
+        for resnet in block.resnets:
+            resnet.register_forward_pre_hook(_append_input(record, 1))
 
 
 # ----------------------------------------------------------------------------- denoising-diffusion-pytorch
@@ -252,9 +284,36 @@ _UNIDIFFUSER_BLOCKS += [f"transformer.transformer_out_blocks.{k}.block" for k in
 _DDPM_BLOCKS = [f"downs.{lv}.{b}" for lv in range(3) for b in (0, 1)] + ["mid_block1", "mid_block2"]
 _DDPM_BLOCKS += [f"ups.{lv}.{b}" for lv in range(3) for b in (0, 1)] + ["final_res_block"]
 
+_UNET_BLOCKS = ["down_blocks.0", "down_blocks.1", "mid_block", "up_blocks.0", "up_blocks.1"]
+_UNET_SHAPES = [(16, 16, 16), (16, 16, 16), (16, 8, 8), (32, 8, 8)]  # conv_in, resnet, downsample, resnet
+
 CASES = {
+    "UNet2DModel": Case(
+        lambda: unet2d().eval(),
+        run_unet2d,
+        _unet_producers,
+        _unet_consumers,
+        4,
+        _UNET_BLOCKS,
+        shapes=_UNET_SHAPES,
+    ),
+    "UNet2DConditionModel": Case(
+        lambda: unet2d_condition().eval(),
+        run_unet2d_condition,
+        _unet_producers,
+        _unet_consumers,
+        4,
+        _UNET_BLOCKS,
+        shapes=_UNET_SHAPES,
+    ),
     "UTransformer2DModel": Case(
-        utransformer, run_utransformer, _uvit_producers, _uvit_consumers, 3, _UVIT_BLOCKS
+        utransformer,
+        run_utransformer,
+        _uvit_producers,
+        _uvit_consumers,
+        3,
+        _UVIT_BLOCKS,
+        shapes=[(16, 16)] * 3,  # 16 patch tokens of width 2 heads x 8
     ),
     "UniDiffuserModel": Case(
         unidiffuser,
@@ -263,8 +322,17 @@ CASES = {
         lambda m, r: _uvit_consumers(m.transformer, r),
         2,
         _UNIDIFFUSER_BLOCKS,
+        shapes=[(23, 16)] * 2,  # the whole sequence the transformer sees
     ),
-    "ddpm-Unet": Case(ddpm_unet, run_ddpm, _ddpm_producers, _ddpm_consumers, 7, _DDPM_BLOCKS),
+    "ddpm-Unet": Case(
+        ddpm_unet,
+        run_ddpm,
+        _ddpm_producers,
+        _ddpm_consumers,
+        7,
+        _DDPM_BLOCKS,
+        shapes=[(w, None, None) for w in (4, 4, 4, 8, 8, 16, 16)],  # its sides follow the input's
+    ),
     "declared": Case(
         tiny_unet,
         run_tiny,
@@ -274,9 +342,12 @@ CASES = {
         ["enc0", "enc1", "mid", "dec1", "dec0"],
         declare_tiny,
         lambda net: {name: getattr(net, name) for name in ("enc0", "enc1", "mid", "dec1", "dec0")},
+        shapes=[(4, None, None), (8, None, None)],  # what skip_channels says
     ),
 }
 NEEDS = {  # the optional package each case's model comes from
+    "UNet2DModel": "diffusers",
+    "UNet2DConditionModel": "diffusers",
     "UTransformer2DModel": "diffusers",
     "UniDiffuserModel": "diffusers",
     "ddpm-Unet": "denoising_diffusion_pytorch",

@@ -31,7 +31,7 @@ def pretrained_warnings(fn) -> list[warnings.WarningMessage]:
 
 def test_an_unknown_type_names_the_supported_ones_and_the_declared_route():
     with pytest.raises(ScaleLongError) as info:
-        apply_scalelong(nn.Linear(2, 2))
+        apply_scalelong(nn.Linear(2, 2), "cs")
     message = str(info.value)
     for name in (
         "UNet2DModel",
@@ -48,7 +48,7 @@ def test_a_wrapper_is_pointed_at_the_model_it_holds():
     unet = ddpm.Unet(dim=8, dim_mults=(1, 2), channels=1, attn_dim_head=4, attn_heads=1)
     diffusion = ddpm.GaussianDiffusion(unet, image_size=8, timesteps=10)
     with pytest.raises(ScaleLongError, match=r"holds a Unet at 'model'"):
-        apply_scalelong(diffusion)
+        apply_scalelong(diffusion, "cs")
     apply_scalelong(diffusion.model, "cs")  # the way round it suggests
     assert is_applied(diffusion) and is_applied(unet)
 
@@ -64,7 +64,7 @@ def test_subclasses_are_served_and_the_package_backbones_refused():
     assert model.scalelong.num_skips == 5
     uvit = UViT(img_size=8, patch_size=4, in_channels=1, embed_dim=16, depth=2, num_heads=2)
     with pytest.raises(ScaleLongError, match="already holds a SkipScaling"):
-        apply_scalelong(uvit)
+        apply_scalelong(uvit, "cs")
 
 
 def test_shape_keywords_belong_to_declared_skips():

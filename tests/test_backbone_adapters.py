@@ -1,20 +1,24 @@
-"""apply_scalelong on every backbone it serves: diffusers' U-ViT (UTransformer2DModel,
-UniDiffuserModel), denoising-diffusion-pytorch's Unet, and a network whose skips are declared.
+"""apply_scalelong on every backbone it serves: diffusers' UNets (UNet2DModel,
+UNet2DConditionModel) and U-ViT (UTransformer2DModel, UniDiffuserModel), denoising-diffusion-pytorch's
+Unet, and a network whose skips are declared; and save / load / describe on each.
 
 Each test runs on every case of ``adapter_fixtures.CASES``; the skips are read off the real
 model (what its encoder makes, what its decoder merges), never off the adapter's own layout.
 """
 
 import copy
+import json
 import math
 
 import pytest
 import torch
 
 from adapter_fixtures import CASES, case_params
+from scalelong import describe, load_scalelong, save_scalelong
 from scalelong.adapters import apply_scalelong, is_applied, remove_scalelong
 from scalelong.diagnostics import Diagnostics, find_blocks
 from scalelong.errors import ScaleLongError
+from scalelong.skips import skip_table
 
 pytestmark = pytest.mark.parametrize("name", case_params())
 
@@ -109,6 +113,8 @@ def test_deepcopy_ema_uses_its_own_parameters(name):
     perturb(ema)
     assert not torch.allclose(case.run(ema), before)
     assert torch.equal(case.run(model), before)
+    remove_scalelong(ema)  # the copy's hook handles remove the copy's hooks, never the original's
+    assert is_applied(model) and not is_applied(ema) and torch.equal(case.run(model), before)
 
 
 @pytest.mark.parametrize("method", ["ls", "ls-nonshare"])
@@ -132,8 +138,8 @@ def test_applying_twice_is_an_error(name):
 def test_diagnostics_record_finite_norms_of_the_named_blocks(name):
     case, model = applied(name, "ls", reduction=4)
     model.train()
-    diag = Diagnostics(model, every=1).attach()
-    assert diag.active_for(0)
+    diag = Diagnostics(model, every=1)
+    assert diag.arm(0)
     case.run(model).square().mean().backward()
     record = diag.collect(0, 1.0)
     features = [k for k in record if k.startswith("block/") and k.endswith("/feature_norm")]
@@ -156,3 +162,76 @@ def test_the_methods_beyond_the_paper_s_are_refused_whole(name, method):
         apply_scalelong(model, method, **case.declare(model))
     assert not is_applied(model) and not hasattr(model, "scalelong") and list(model.state_dict()) == keys
     assert torch.equal(case.run(model), before)
+
+
+def test_moves_with_to(name):
+    case, model = applied(name, "ls-nonshare", reduction=4)
+    model.to(torch.float64)
+    assert all(p.dtype == torch.float64 for p in model.scalelong.parameters())
+    default = torch.get_default_dtype()
+    torch.set_default_dtype(torch.float64)  # the case's inputs in float64 too
+    try:
+        assert case.run(model).dtype == torch.float64
+    finally:
+        torch.set_default_dtype(default)
+
+
+@pytest.mark.parametrize("method", ["cs", "ls"])
+def test_describe_lists_each_hooked_input_outermost_first(name, method):
+    kappa = 0.6
+    case, model = applied(name, method, kappa=kappa, reduction=4)
+    rows = describe(model)
+    assert [r.index for r in rows] == list(range(1, case.num_skips + 1))
+    assert [r.shape for r in rows] == case.shapes
+    for r in rows:  # the module a row names is the one that carries the hook, and its input exists
+        assert "_scalelong_hook" in model.get_submodule(r.module).__dict__ and r.input
+    if method == "cs":
+        assert [r.coefficient for r in rows] == pytest.approx([kappa**i for i in range(case.num_skips)])
+        assert all(r.gate is None for r in rows)
+    else:
+        assert all(r.coefficient is None and r.gate.endswith("(shared)") for r in rows)
+    table = skip_table(model).splitlines()
+    assert len(table) == case.num_skips + 3 and table[2].split()[0] == "1"
+    assert f"{rows[0].module}({rows[0].input})" in table[2]
+
+
+@pytest.mark.parametrize(("method", "kappa"), [("ls-nonshare", 0.8), ("cs", 0.7)])
+def test_save_load_round_trip_gives_identical_outputs(name, method, kappa, tmp_path):
+    case, model = applied(name, method, kappa=kappa, reduction=4)
+    if method.startswith("ls"):
+        perturb(model)
+    expected, rows = case.run(model), describe(model)
+    save_scalelong(model, tmp_path, save_model=False)
+    meta = json.loads((tmp_path / "scalelong.json").read_text())
+    assert all(isinstance(s["module"], str) for s in meta["declaration"]["skips"])  # the declaration as data
+    fresh = case.build()
+    assert load_scalelong(fresh, tmp_path) is fresh
+    s = fresh.scalelong
+    assert (s.method, s.kappa, s.reduction) == (method, kappa, 4)
+    assert torch.equal(case.run(fresh), expected) and describe(fresh) == rows
+    assert list(find_blocks(fresh)) == case.blocks  # the diagnostics' blocks come back too
+    remove_scalelong(fresh)  # a replayed declaration is an ordinary application
+
+
+@pytest.mark.parametrize("damage", ["flip", "truncate", "meta", "other-model"])
+def test_a_damaged_or_mismatched_file_is_one_line_and_changes_nothing(name, damage, tmp_path):
+    case, model = applied(name, "ls", reduction=4)
+    save_scalelong(model, tmp_path, save_model=False)
+    weights, meta = tmp_path / "scalelong.safetensors", tmp_path / "scalelong.json"
+    if damage == "flip":
+        data = bytearray(weights.read_bytes())
+        data[-3] ^= 0x10  # one bit of one gate parameter: still a valid file, another number
+        weights.write_bytes(bytes(data))
+    elif damage == "truncate":
+        weights.write_bytes(weights.read_bytes()[:40])
+    elif damage == "meta":
+        meta.write_text(meta.read_text()[:-20])
+    else:  # a declaration that names a module this model does not have
+        record = json.loads(meta.read_text())
+        record["declaration"]["skips"][0]["module"] = "no.such.block"
+        meta.write_text(json.dumps(record))
+    fresh = case.build()
+    with pytest.raises(ScaleLongError) as info:
+        load_scalelong(fresh, tmp_path)
+    assert "\n" not in str(info.value)
+    assert not is_applied(fresh) and not hasattr(fresh, "scalelong")  # nothing half-applied

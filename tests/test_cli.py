@@ -52,8 +52,8 @@ def test_info_prints_parameter_count_and_skip_table(capsys):
     assert "44,255,328 parameters" in stdout
     rows = [line.split() for line in stdout.splitlines() if line.strip()[:1].isdigit()]
     assert [r[0] for r in rows] == ["1", "2", "3", "4", "5", "6"]
-    assert [float(r[2]) for r in rows] == [1, 0.5, 0.25, 0.125, 0.0625, 0.03125]
-    assert all(r[1] == "257x512" for r in rows)
+    assert [float(r[3]) for r in rows] == [1, 0.5, 0.25, 0.125, 0.0625, 0.03125]
+    assert all(r[1] == "257x512" and r[2] == "built-in" for r in rows)
 
 
 def test_train_end_to_end_prints_where_outputs_are(tmp_path, capsys):

@@ -10,6 +10,7 @@ from scalelong.diagnostics import Diagnostics, find_blocks, robustness, window_s
 from scalelong.diffusion import VPSDE, training_loss
 from scalelong.errors import ScaleLongError
 from scalelong.models.uvit import UViT
+from scalelong.runs import checkpoint_robustness
 
 N_SKIPS = 3
 BLOCKS = [
@@ -28,16 +29,17 @@ def tiny_uvit(method: str = "none", kappa: float = 0.5) -> UViT:
 
 
 def train_steps(model: nn.Module, diag: Diagnostics, steps: range) -> dict[int, dict[str, float]]:
-    """The trainer's protocol: active_for before the forward, collect after backward."""
+    """The protocol: arm before the forward, collect after backward, on every step."""
     opt = torch.optim.SGD(model.parameters(), lr=1e-3)
     gen = torch.Generator().manual_seed(0)
     records = {}
     for step in steps:
-        logging = diag.active_for(step)
+        diag.arm(step)
         loss = training_loss(model, VPSDE(), torch.randn(4, 1, 8, 8, generator=gen), gen).mean()
         loss.backward()
-        if logging:
-            records[step] = diag.collect(step, loss.item())
+        record = diag.collect(step, loss.item())
+        if record:
+            records[step] = record
         opt.step()
         opt.zero_grad()
     return records
@@ -100,26 +102,23 @@ class CountingDiagnostics(Diagnostics):
         return hook
 
 
-@pytest.mark.parametrize("every, attach", [(3, True), (0, True), (3, False)])
-def test_unlogged_steps_run_no_hook(every, attach):
+@pytest.mark.parametrize("every", [3, 0])
+def test_unlogged_steps_run_no_hook(every):
     model = tiny_uvit("cs")
-    diag = CountingDiagnostics(model, every=every)
-    if attach:
-        diag.attach()
+    diag = CountingDiagnostics(model, every=every)  # listening from construction: no attach()
     opt = torch.optim.SGD(model.parameters(), lr=1e-3)
-    calls_per_step = {}
+    calls_per_step, logged = {}, []
     for step in range(1, 7):
         CountingDiagnostics.calls = 0
-        logging = diag.active_for(step)
+        diag.arm(step)
         training_loss(model, VPSDE(), torch.randn(2, 1, 8, 8)).mean().backward()
-        if logging:
-            diag.collect(step, 1.0)
+        if diag.collect(step, 1.0):
+            logged.append(step)
         opt.step()
         opt.zero_grad()
         calls_per_step[step] = CountingDiagnostics.calls
-    on = every > 0 and attach
-    expected = {s: (N_SKIPS + len(BLOCKS) if on and s % 3 == 0 else 0) for s in range(1, 7)}
-    assert calls_per_step == expected
+    expected = {s: (N_SKIPS + len(BLOCKS) if every and s % 3 == 0 else 0) for s in range(1, 7)}
+    assert calls_per_step == expected and logged == ([3, 6] if every else [])
     diag.detach()
     assert model.skip_scaling.probe is None
     assert all(not m._forward_hooks for m in model.modules())
@@ -139,9 +138,10 @@ def test_nonfinite_values_are_recorded_and_counted():
 
 
 def test_spike_counter_and_window_stats():
-    diag = Diagnostics(tiny_uvit(), every=1, window=4, spike_factor=3.0).attach()
+    diag = Diagnostics(tiny_uvit(), every=1, window=4, spike_factor=3.0)
     spikes, nonfinite = [], []
     for step, loss in enumerate([1.0, 1.2, 0.8, 5.0, 1.0, 2.9, math.inf], start=1):
+        assert diag.arm(step)
         rec = diag.collect(step, loss)  # no forward ran: the skips and blocks are missing, not non-finite
         spikes.append(rec["spikes"])
         nonfinite.append(rec["nonfinite_values"])
@@ -153,11 +153,64 @@ def test_spike_counter_and_window_stats():
     )
 
 
+# ----------------------------------------------------------------------------- misuse is never silent
+
+
+def test_it_listens_from_construction_without_attach():
+    model = tiny_uvit("cs")
+    records = train_steps(model, Diagnostics(model, every=2), range(1, 3))
+    assert list(records) == [2] and records[2]["skip/1/norm_in"] > 0 and records[2]["feature_norm"] > 0
+
+
+def test_collect_on_an_unarmed_step_is_empty_and_leaves_the_windows_alone():
+    model = tiny_uvit("cs")
+    diag = Diagnostics(model, every=2)
+    train_steps(model, diag, range(1, 3))  # step 2 logged
+    before = diag.state_dict()
+    assert not diag.arm(3)
+    training_loss(model, VPSDE(), torch.randn(2, 1, 8, 8)).mean().backward()
+    assert diag.collect(3, 100.0) == {}  # was: one NaN per key, and the loss fed the windows
+    assert diag.collect(3, math.nan) == {} and diag.state_dict() == before
+    fresh = Diagnostics(tiny_uvit(), every=2)
+    assert fresh.collect(1, 1.0) == {} and fresh.state_dict()["history"]["loss"] == []  # never armed
+
+
 def test_collect_must_match_the_armed_step():
-    diag = Diagnostics(tiny_uvit(), every=2).attach()
-    assert diag.active_for(4)
-    with pytest.raises(ScaleLongError, match="armed"):
+    diag = Diagnostics(tiny_uvit(), every=2)
+    assert diag.arm(4)
+    with pytest.raises(ScaleLongError, match=r"collect\(step=5\) but arm\(4\) armed"):
         diag.collect(5, 1.0)
+
+
+def test_an_armed_step_left_uncollected_warns_at_the_next_arm():
+    diag = Diagnostics(tiny_uvit(), every=2)
+    assert diag.arm(2)
+    with pytest.warns(UserWarning, match="step 2 was armed but not collected"):
+        diag.arm(3)
+    assert diag.collect(3, 1.0) == {}
+
+
+def test_arming_after_detach_is_an_error_until_attached_again():
+    model = tiny_uvit("cs")
+    diag = Diagnostics(model, every=1)
+    diag.detach()
+    with pytest.raises(ScaleLongError, match="detached; call attach"):
+        diag.arm(1)
+    assert model.skip_scaling.probe is None
+    assert diag.attach().arm(1)
+    with Diagnostics(tiny_uvit(), every=1) as diag:  # the context manager detaches at its end
+        assert diag.arm(1)
+    with pytest.raises(ScaleLongError, match="detached"):
+        diag.arm(2)
+
+
+def test_active_for_is_a_deprecated_name_of_arm():
+    diag = Diagnostics(tiny_uvit(), every=2)
+    with pytest.warns(DeprecationWarning, match="now Diagnostics.arm"):
+        assert diag.active_for(2)
+    assert diag.collect(2, 1.0)["spikes"] == 0
+    with pytest.warns(DeprecationWarning):
+        assert not diag.active_for(3)
 
 
 class Doubler(nn.Module):
@@ -186,13 +239,17 @@ def test_robustness_of_a_checkpoint_matches_the_model(tmp_path):
     ckpt = save_checkpoint(tmp_path, 1, model, model, config_to_dict(cfg))
     x0 = torch.randn(2, 1, 8, 8)
     direct = robustness(model, VPSDE(), x0, [0.5], 1e-3, torch.Generator().manual_seed(1))
-    loaded = robustness(ckpt, VPSDE(), x0, [0.5], 1e-3, torch.Generator().manual_seed(1))
+    loaded = checkpoint_robustness(
+        ckpt, VPSDE(), x0, [0.5], delta_scale=1e-3, generator=torch.Generator().manual_seed(1)
+    )
     assert loaded[0]["mean"] == pytest.approx(direct[0]["mean"], rel=1e-5)
     assert 0 < direct[0]["mean"] < math.inf
+    with pytest.raises(ScaleLongError, match="checkpoint_robustness"):  # the library takes a model only
+        robustness(ckpt, VPSDE(), x0, [0.5])
 
 
 def test_a_foreign_probe_is_not_overwritten():
     model = tiny_uvit()
     model.skip_scaling.probe = lambda *args: None
     with pytest.raises(ScaleLongError, match="another probe"):
-        Diagnostics(model).attach()
+        Diagnostics(model)

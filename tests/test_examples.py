@@ -73,7 +73,7 @@ def assert_analyze_draws(run: Path) -> None:
 def test_the_diffusers_example_trains_logs_saves_samples_and_resumes(tmp_path):
     from diffusers import UNet2DModel
 
-    from scalelong.adapters import is_applied, load_scalelong
+    from scalelong import is_applied, load_scalelong
 
     done = run_example(
         "train_diffusers_unet.py", ["--output-dir", "run", "--skip-method", "ls", *DIFFUSERS_TOY], tmp_path

@@ -40,7 +40,7 @@ class OneSkip(nn.Module):
 def test_absmax_of_skips_and_blocks_by_hand_over_two_micro_batches():
     model = OneSkip()
     diag = Diagnostics(model, every=1, blocks={"enc": model.enc, "dec": model.dec}).attach()
-    assert diag.active_for(1)
+    assert diag.arm(1)
     for x in (torch.tensor([[1.0, -3.0], [0.5, 2.0]]), torch.tensor([[-4.0, 0.0]])):  # two micro-batches
         model(x).sum().backward()
     rec = diag.collect(1, 1.0)
@@ -68,7 +68,7 @@ def own_loop(folder, scale_from: int, scale: float, steps: int = 4) -> list[dict
     with Diagnostics(model, every=1) as diag, RunLog(folder) as log:
         for step in range(1, steps + 1):
             x0 = torch.randn(4, 1, 8, 8) * (scale if step >= scale_from else 1.0)
-            diag.active_for(step)
+            diag.arm(step)
             loss = training_loss(model, VPSDE(), x0).mean()
             loss.backward()
             written.append(log.write(step, diag.collect(step, loss.item()), loss=loss.item()))

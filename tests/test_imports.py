@@ -7,6 +7,9 @@ the root package ``scalelong`` whose ``__init__`` only re-exports the public nam
 """
 
 import ast
+import json
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -117,4 +120,93 @@ def test_config_imports_no_feature_module():
         "scalelong.models",
         "scalelong.models.unet",
         "scalelong.presets",  # the shipped recipes by name; imports only errors (test_presets.py)
+        "scalelong.metrics_log",  # write_text_atomic, the one atomic text write
+        "scalelong.lock",  # ... whose module says its warnings through the lock's warn_user
     }
+
+
+# ----------------------------------------------------------------------------- the two layers
+
+# The library: what a user's own training loop imports. It imports torch, safetensors and itself,
+# never the application (the trainer, its config, the studies, the command line).
+LIBRARY = {
+    "scalelong.errors",
+    "scalelong.skips",
+    "scalelong.models",
+    "scalelong.models.uvit",
+    "scalelong.models.unet",
+    "scalelong.adapters",
+    "scalelong.adapters.declared",
+    "scalelong.adapters.diffusers",
+    "scalelong.adapters.uvit_diffusers",
+    "scalelong.adapters.ddpm_pytorch",
+    "scalelong.adapters.uvit_checkpoint",
+    "scalelong.saving",
+    "scalelong.diagnostics",
+    "scalelong.diffusion",
+    "scalelong.optim",
+    "scalelong.runlog",
+    "scalelong.metrics_log",
+    "scalelong.lock",
+    "scalelong.tracking",
+    "scalelong.metric_names",
+}
+APPLICATION = {"scalelong.runs", "scalelong.build", "scalelong.config", "scalelong.train", "scalelong.data"}
+APPLICATION |= {"scalelong.checkpoint", "scalelong.compare", "scalelong.sweep", "scalelong.cli"}
+APPLICATION |= {"scalelong.studies", "scalelong.studies.running", "scalelong.studies.report"}
+
+# What `from scalelong import <the library's names>` loads in a fresh interpreter, exactly.
+LIBRARY_NAMES = "apply_scalelong, Diagnostics, RunLog, SkipInput, describe, save_scalelong, load_scalelong"
+LIBRARY_CLOSURE = {"scalelong", *LIBRARY} - {"scalelong.optim"}
+
+
+def loaded_after(statement: str) -> tuple[set[str], set[str]]:
+    """(scalelong modules, other top-level modules) in sys.modules after ``statement``, run in a
+    fresh interpreter (it inherits PYTHONPATH, so the source under test is the one imported)."""
+    code = f"import sys, json\n{statement}\nprint(json.dumps(sorted(sys.modules)))"
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert proc.returncode == 0, f"{statement!r} failed: {proc.stderr.strip().splitlines()[-1:]}"
+    modules = set(json.loads(proc.stdout.splitlines()[-1]))
+    ours = {m for m in modules if m == ROOT or m.startswith(ROOT + ".")}
+    return ours, {m.split(".")[0] for m in modules - ours}
+
+
+def test_the_library_imports_nothing_of_the_application_even_lazily():
+    graph = import_graph()
+    assert LIBRARY <= set(graph) and APPLICATION <= set(graph)
+    leaks = {m: sorted(graph[m] - LIBRARY) for m in LIBRARY if graph[m] - LIBRARY}
+    assert not leaks, f"library modules import outside the library: {leaks}"
+
+
+def test_the_library_names_load_exactly_the_library_in_a_fresh_interpreter():
+    ours, others = loaded_after(f"from scalelong import {LIBRARY_NAMES}")
+    assert ours == LIBRARY_CLOSURE, (
+        f"unexpected: {sorted(ours - LIBRARY_CLOSURE)}, missing: {sorted(LIBRARY_CLOSURE - ours)}"
+    )
+    assert not ours & APPLICATION
+    assert not {"yaml", "diffusers", "accelerate", "scipy", "matplotlib"} & others
+
+
+def test_a_plain_loop_borrows_the_schedule_and_ema_cheaply():
+    ours, _ = loaded_after("from scalelong.optim import ema_update, lr_factor")
+    assert ours == {"scalelong", "scalelong.optim"}
+    ours, _ = loaded_after("from scalelong.train import ema_update, lr_factor")  # the trainer's names too
+    assert "scalelong.optim" in ours
+
+
+def test_import_scalelong_loads_nothing_and_lists_every_lazy_name():
+    ours, others = loaded_after("import scalelong")
+    assert ours == {"scalelong"} and not {"torch", "yaml"} & others
+    public = set(scalelong.__all__)
+    assert public == set(scalelong._LAZY) and public <= set(dir(scalelong))
+    # every lazy name is imported under `if TYPE_CHECKING:` too, so type checkers see it
+    tree = ast.parse((SOURCE / "__init__.py").read_text())
+    checked = next(
+        n for n in tree.body if isinstance(n, ast.If) and getattr(n.test, "id", "") == "TYPE_CHECKING"
+    )
+    seen = {
+        (node.module, a.name) for node in checked.body if isinstance(node, ast.ImportFrom) for a in node.names
+    }
+    assert seen == {(module, name) for name, module in scalelong._LAZY.items()}
+    for name in public:
+        assert getattr(scalelong, name) is getattr(__import__(scalelong._LAZY[name], fromlist=[name]), name)

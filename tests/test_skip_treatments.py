@@ -258,7 +258,7 @@ def test_the_names_reach_validation_the_table_and_the_study_commands():
 def diagnosed(method: str) -> dict:
     model = uvit(method)
     with Diagnostics(model, every=1) as diag:
-        diag.active_for(1)
+        diag.arm(1)
         loss = training_loss(model, VPSDE(), batch(4)[0]).mean()
         loss.backward()
         return diag.collect(1, loss.item())

@@ -124,7 +124,7 @@ def test_info_prints_skip_table(capsys):
     rows = [line.split() for line in out.splitlines() if line[:4].strip().isdigit()]
     assert [int(r[0]) for r in rows] == list(range(1, 13))  # 4 levels * (2 blocks + 1)
     assert rows[0][1] == "128x32x32" and rows[-1][1] == "256x4x4"
-    assert rows[4][2:] == ["ls-nonshare:", "ChannelGate", "5"]
+    assert rows[4][2:] == ["built-in", "ls-nonshare:", "ChannelGate", "5"]
 
 
 def test_config_validation():
@@ -209,7 +209,7 @@ def test_unet_config_without_kappa_resolves_to_0_9_shows_it_and_resumes(tmp_path
     assert "skips: cs, kappa=0.9" in stdout
     rows = [line.split() for line in stdout.splitlines() if line.strip()[:1].isdigit()]
     assert [int(r[0]) for r in rows] == list(range(1, 13))
-    assert [float(r[2]) for r in rows] == pytest.approx([0.9**i for i in range(12)], rel=1e-5)  # 6 digits
+    assert [float(r[3]) for r in rows] == pytest.approx([0.9**i for i in range(12)], rel=1e-5)  # 6 digits
 
     # the run directory stores the resolved kappa, and the same YAML resumes from it
     tiny_run = [

@@ -4,7 +4,7 @@ import torch.nn.functional as F
 from safetensors.torch import save_file
 
 from scalelong.adapters import load_uvit_checkpoint
-from scalelong.build import build_model, count_parameters
+from scalelong.build import build_model, count_parameters, uvit_kwargs
 from scalelong.config import ModelConfig, SkipConfig, UViTConfig
 from scalelong.errors import ScaleLongError
 from scalelong.models import UViT
@@ -57,7 +57,10 @@ def released_state(seed: int = 0, depth: int = 2) -> dict[str, torch.Tensor]:
 def test_loads_release_names_from_pth(tmp_path):
     state = released_state()
     torch.save(state, tmp_path / "nnet.pth")
-    model = load_uvit_checkpoint(tmp_path / "nnet.pth", TINY)
+    model = load_uvit_checkpoint(tmp_path / "nnet.pth", vars(TINY))
+    into = UViT(**vars(TINY))
+    assert load_uvit_checkpoint(tmp_path / "nnet.pth", into) is into  # or into a UViT of one's own
+    assert all(torch.equal(into.state_dict()[k], v) for k, v in state.items())
     ours = model.state_dict()
     assert set(ours) == set(state)  # method none: no parameters of ours
     for k, v in state.items():
@@ -73,7 +76,7 @@ def test_safetensors_and_ls_keeps_its_init(tmp_path):
     torch.manual_seed(3)
     fresh = UViT(**vars(TINY), skip_method="ls")
     torch.manual_seed(3)
-    model = load_uvit_checkpoint(tmp_path / "nnet.safetensors", cfg)
+    model = load_uvit_checkpoint(tmp_path / "nnet.safetensors", uvit_kwargs(cfg))
     assert model.skip_scaling.method == "ls"
     for (name, p), q in zip(
         model.skip_scaling.named_parameters(), fresh.skip_scaling.parameters(), strict=True
@@ -84,13 +87,13 @@ def test_safetensors_and_ls_keeps_its_init(tmp_path):
 
 def test_clear_errors(tmp_path):
     with pytest.raises(ScaleLongError, match="not found"):
-        load_uvit_checkpoint(tmp_path / "missing.pth", TINY)
+        load_uvit_checkpoint(tmp_path / "missing.pth", vars(TINY))
 
     state = released_state()
     state["pos_embed"] = torch.zeros(1, 17, 16)  # e.g. the checkpoint is unconditional
     torch.save(state, tmp_path / "shape.pth")
     with pytest.raises(ScaleLongError, match=r"pos_embed: checkpoint \(1, 17, 16\) vs model \(1, 18, 16\)"):
-        load_uvit_checkpoint(tmp_path / "shape.pth", TINY)
+        load_uvit_checkpoint(tmp_path / "shape.pth", vars(TINY))
 
     state = released_state()
     del state["mid_block.mlp.fc2.bias"]
@@ -99,13 +102,15 @@ def test_clear_errors(tmp_path):
     with pytest.raises(
         ScaleLongError, match=r"missing 1: mid_block.mlp.fc2.bias.*unexpected 1: extra.weight"
     ):
-        load_uvit_checkpoint(tmp_path / "keys.pth", TINY)
+        load_uvit_checkpoint(tmp_path / "keys.pth", vars(TINY))
 
     torch.save({"step": 3, "opt": object()}, tmp_path / "pickle.pth")  # not loadable with weights_only
     with pytest.raises(ScaleLongError, match="cannot read"):
-        load_uvit_checkpoint(tmp_path / "pickle.pth", TINY)
-    with pytest.raises(ScaleLongError, match="ModelConfig, UViTConfig or dict"):
+        load_uvit_checkpoint(tmp_path / "pickle.pth", vars(TINY))
+    with pytest.raises(ScaleLongError, match="a UViT or a dict of UViT arguments"):
         load_uvit_checkpoint(tmp_path / "keys.pth", 3)
+    with pytest.raises(ScaleLongError, match="invalid U-ViT arguments"):
+        load_uvit_checkpoint(tmp_path / "keys.pth", {"width": 3})
 
 
 def tokens_entering_blocks(model: UViT, *args) -> torch.Tensor:
@@ -168,10 +173,10 @@ def test_mlp_time_embed_has_the_release_layout_and_loads(tmp_path):
 
     state = released_state() | {k: torch.randn(s) for k, s in extra.items()}
     torch.save(state, tmp_path / "mlp_time.pth")
-    loaded = load_uvit_checkpoint(tmp_path / "mlp_time.pth", cfg)
+    loaded = load_uvit_checkpoint(tmp_path / "mlp_time.pth", uvit_kwargs(cfg))
     assert torch.equal(loaded.time_embed[0].weight, state["time_embed.0.weight"])
     with pytest.raises(ScaleLongError, match=r"unexpected 4: time_embed\.0\.weight.*mlp_time_embed"):
-        load_uvit_checkpoint(tmp_path / "mlp_time.pth", TINY)
+        load_uvit_checkpoint(tmp_path / "mlp_time.pth", vars(TINY))
 
 
 def release_gate(prefix: str, gen: torch.Generator, L: int = 18, r: int = 16) -> dict[str, torch.Tensor]:
@@ -205,7 +210,7 @@ def test_release_ls_gates_are_loaded(tmp_path):
     shared = released_state(depth=6) | release_gate("se.", gen)
     torch.save(shared, tmp_path / "ls.pth")
     cfg = ModelConfig(type="uvit", skip=SkipConfig(method="ls"), uvit=DEEP)
-    model = load_uvit_checkpoint(tmp_path / "ls.pth", cfg)
+    model = load_uvit_checkpoint(tmp_path / "ls.pth", uvit_kwargs(cfg))
     for index in (1, 2, 3):
         with torch.no_grad():
             coef = model.skip_scaling.gate_for(index)(skip)
@@ -216,7 +221,7 @@ def test_release_ls_gates_are_loaded(tmp_path):
         per_skip |= release_gate(f"se.{k}.", gen)
     torch.save(per_skip, tmp_path / "ls_nonshare.pth")
     cfg = ModelConfig(type="uvit", skip=SkipConfig(method="ls-nonshare"), uvit=DEEP)
-    model = load_uvit_checkpoint(tmp_path / "ls_nonshare.pth", cfg)
+    model = load_uvit_checkpoint(tmp_path / "ls_nonshare.pth", uvit_kwargs(cfg))
     for k in range(3):
         with torch.no_grad():
             coef = model.skip_scaling.gate_for(3 - k)(skip)
@@ -237,24 +242,26 @@ def test_no_tensor_is_dropped_silently(tmp_path):
 
     for strict in (True, False):  # gates of another method are never ignored
         with pytest.raises(
-            ScaleLongError, match=r"scalelong=3.*skip method is 'none'.*set the skip method.* to 'ls'"
+            ScaleLongError, match=r"scalelong=3.*skip method is 'none'.*build the UViT with skip_method='ls'"
         ):
-            load_uvit_checkpoint(tmp_path / "ls.pth", cfg("none"), strict=strict)
-        with pytest.raises(ScaleLongError, match=r"scalelong=4.*skip method is 'ls'.*to 'ls-nonshare'"):
-            load_uvit_checkpoint(tmp_path / "ls4.pth", cfg("ls"), strict=strict)
+            load_uvit_checkpoint(tmp_path / "ls.pth", uvit_kwargs(cfg("none")), strict=strict)
+        with pytest.raises(
+            ScaleLongError, match=r"scalelong=4.*skip method is 'ls'.*skip_method='ls-nonshare'"
+        ):
+            load_uvit_checkpoint(tmp_path / "ls4.pth", uvit_kwargs(cfg("ls")), strict=strict)
     with pytest.raises(ScaleLongError, match=r"unexpected 4: se\.3\.layer1\.weight, se\.3\.layer1\.bias"):
-        load_uvit_checkpoint(tmp_path / "ls4.pth", cfg("ls-nonshare"))
+        load_uvit_checkpoint(tmp_path / "ls4.pth", uvit_kwargs(cfg("ls-nonshare")))
     with pytest.warns(UserWarning, match=r"ignored 4: se\.3\.layer1\.weight"):
-        model = load_uvit_checkpoint(tmp_path / "ls4.pth", cfg("ls-nonshare"), strict=False)
+        model = load_uvit_checkpoint(tmp_path / "ls4.pth", uvit_kwargs(cfg("ls-nonshare")), strict=False)
     assert torch.equal(model.skip_scaling.gate_for(1).excite[0].weight, per_skip["se.2.layer1.weight"])
 
     # A state dict of our own (skip_scaling.*) loads as it is, gates included.
     torch.manual_seed(4)
     ours = UViT(**vars(DEEP), skip_method="ls-nonshare").state_dict()
     save_file(ours, tmp_path / "ours.safetensors")
-    loaded = load_uvit_checkpoint(tmp_path / "ours.safetensors", cfg("ls-nonshare")).state_dict()
+    loaded = load_uvit_checkpoint(tmp_path / "ours.safetensors", uvit_kwargs(cfg("ls-nonshare"))).state_dict()
     assert all(torch.equal(loaded[k], v) for k, v in ours.items())
     partial = {k: v for k, v in ours.items() if k != "skip_scaling.gates.2.excite.2.bias"}
     save_file(partial, tmp_path / "partial.safetensors")
     with pytest.raises(ScaleLongError, match=r"missing 1: skip_scaling\.gates\.2\.excite\.2\.bias"):
-        load_uvit_checkpoint(tmp_path / "partial.safetensors", cfg("ls-nonshare"))
+        load_uvit_checkpoint(tmp_path / "partial.safetensors", uvit_kwargs(cfg("ls-nonshare")))

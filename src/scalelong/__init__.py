@@ -1,26 +1,73 @@
 """scalelong: ScaleLong (scaled long skip connections) for diffusion models.
 
-Public API::
+Public API (the library: what your own training loop imports; torch and safetensors only)::
 
     SkipScaling, skip_coefficients     the method (scalelong.skips)
+    describe                           each skip of a model: where it is scaled, its coefficient
     UViT, UNet                         backbones (scalelong.models)
     apply_scalelong, remove_scalelong  ScaleLong on third-party models (scalelong.adapters): diffusers
     is_applied, SkipInput              UNets and U-ViT, denoising-diffusion-pytorch's Unet, any network
     PretrainedWeightsWarning           whose skip inputs are declared with SkipInput
+    save_scalelong, load_scalelong     ScaleLong and its gates to / from a folder (scalelong.saving)
     Diagnostics, RunLog, robustness    stability diagnostics from any loop (scalelong.diagnostics)
-    load_config, Config                configuration (scalelong.config)
     ScaleLongError                     the error for anything a user can fix
+
+and of the application (the trainer's configuration)::
+
+    load_config, Config                configuration (scalelong.config)
+
+Every name is imported on first use, so ``import scalelong`` loads nothing (not even torch), and
+the library's names never load the trainer, its config or YAML.
 """
 
-from scalelong.config import Config, load_config
-from scalelong.errors import ScaleLongError
-from scalelong.models import UNet, UViT
-from scalelong.skips import METHODS, SkipScaling, skip_coefficients
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # what type checkers and IDEs see; at run time __getattr__ imports on first use
+    from scalelong.adapters import (
+        PretrainedWeightsWarning,
+        SkipInput,
+        apply_scalelong,
+        is_applied,
+        remove_scalelong,
+    )
+    from scalelong.config import Config, load_config
+    from scalelong.diagnostics import Diagnostics, robustness
+    from scalelong.errors import ScaleLongError
+    from scalelong.models import UNet, UViT
+    from scalelong.runlog import RunLog
+    from scalelong.saving import load_scalelong, save_scalelong
+    from scalelong.skips import METHODS, SkipScaling, describe, skip_coefficients
+
+# public name -> the module that defines it
+_LAZY = {
+    "METHODS": "scalelong.skips",
+    "SkipScaling": "scalelong.skips",
+    "describe": "scalelong.skips",
+    "skip_coefficients": "scalelong.skips",
+    "UNet": "scalelong.models",
+    "UViT": "scalelong.models",
+    "PretrainedWeightsWarning": "scalelong.adapters",
+    "SkipInput": "scalelong.adapters",
+    "apply_scalelong": "scalelong.adapters",
+    "is_applied": "scalelong.adapters",
+    "remove_scalelong": "scalelong.adapters",
+    "save_scalelong": "scalelong.saving",
+    "load_scalelong": "scalelong.saving",
+    "Diagnostics": "scalelong.diagnostics",
+    "robustness": "scalelong.diagnostics",
+    "RunLog": "scalelong.runlog",
+    "ScaleLongError": "scalelong.errors",
+    "Config": "scalelong.config",
+    "load_config": "scalelong.config",
+}
 
 __all__ = [
-    "METHODS",
     "Config",
     "Diagnostics",
+    "METHODS",
     "PretrainedWeightsWarning",
     "RunLog",
     "ScaleLongError",
@@ -29,25 +76,28 @@ __all__ = [
     "UNet",
     "UViT",
     "apply_scalelong",
+    "describe",
     "is_applied",
     "load_config",
+    "load_scalelong",
     "remove_scalelong",
     "robustness",
+    "save_scalelong",
     "skip_coefficients",
-]
+]  # the keys of _LAZY (tests/test_imports.py checks)
 
 
 def __getattr__(name: str):
-    # The diffusers adapter imports diffusers only when it is asked for.
-    if name in ("apply_scalelong", "remove_scalelong", "is_applied", "SkipInput", "PretrainedWeightsWarning"):
-        from scalelong import adapters
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'scalelong' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value  # once: later lookups are plain attribute reads
+    return value
 
-        return getattr(adapters, name)
-    if name in ("Diagnostics", "RunLog", "robustness"):  # they import the trainer's run directory
-        from scalelong import diagnostics
 
-        return getattr(diagnostics, name)
-    raise AttributeError(f"module 'scalelong' has no attribute {name!r}")
+def __dir__() -> list[str]:
+    return sorted({*globals(), *_LAZY})
 
 
 # The one place the version is written: the build reads this line without importing the package

@@ -1,14 +1,21 @@
-"""Turn a config into objects: the model, the noise schedule, the dataset."""
+"""Turn a config into objects: the model, the noise schedule, the dataset.
+
+The models are the package's backbones and, for ``model.type=diffusers_unet2d``, a diffusers
+``UNet2DModel`` with ScaleLong applied behind the backbones' interface (:class:`DiffusersUNet2D`,
+the trainer's wrapper; the library itself serves the raw UNet).
+"""
 
 from __future__ import annotations
 
 from collections.abc import Iterable
+from typing import Any
 
 import torch
 from torch import nn
 from torch.utils.data import Dataset
 
-from scalelong.adapters.diffusers import build_diffusers_unet2d, import_diffusers
+from scalelong.adapters import apply_scalelong
+from scalelong.adapters.diffusers import skip_layout
 from scalelong.config import Config, DataConfig, DiffusionConfig, ModelConfig, resolved_kappa
 from scalelong.data import check_batches, load_dataset
 from scalelong.diffusion import VPSDE, DiscreteDDPM, Schedule
@@ -46,10 +53,22 @@ def build_model(cfg: ModelConfig, device: torch.device | str | None = None) -> n
         raise _rejected(cfg, "rejects this config", e) from e
 
 
+def uvit_kwargs(cfg: ModelConfig) -> dict[str, Any]:
+    """The ``UViT`` keyword arguments of a model config (``model.uvit`` and ``model.skip``), e.g.
+    for :func:`scalelong.adapters.load_uvit_checkpoint`."""
+    s = cfg.skip
+    return {
+        **vars(cfg.uvit),
+        "skip_method": s.method,
+        "kappa": resolved_kappa(cfg),
+        "ls_reduction": s.ls_reduction,
+    }
+
+
 def _construct(cfg: ModelConfig) -> nn.Module:
     s, kappa = cfg.skip, resolved_kappa(cfg)
     if cfg.type == "uvit":
-        return UViT(**vars(cfg.uvit), skip_method=s.method, kappa=kappa, ls_reduction=s.ls_reduction)
+        return UViT(**uvit_kwargs(cfg))
     if cfg.type == "unet":
         return UNet(**vars(cfg.unet), skip_method=s.method, kappa=kappa, ls_reduction=s.ls_reduction)
     d = dict(vars(cfg.diffusers_unet2d))  # diffusers itself is imported only here
@@ -69,6 +88,53 @@ def _rejected(cfg: ModelConfig, what: str, e: BaseException) -> ScaleLongError:
     if cfg.type == "uvit" and cfg.skip.method.startswith("ls"):  # the token gates need enough tokens
         advice += ", or model.skip.ls_reduction"
     return ScaleLongError(f"model.{cfg.type}: the {name} {what}: {reason}; change {advice}")
+
+
+def import_diffusers() -> Any:
+    try:
+        import diffusers
+    except ImportError as e:
+        raise ScaleLongError(
+            "model.type=diffusers_unet2d needs diffusers: pip install scalelong[diffusers]"
+        ) from e
+    return diffusers
+
+
+class DiffusersUNet2D(nn.Module):
+    """A diffusers ``UNet2DModel`` behind the package's backbone interface (the trainer's wrapper).
+
+    ``forward(x, t, y=None)`` returns the tensor (not diffusers' output object), so the trainer
+    and samplers use it like :class:`~scalelong.models.UViT`; the diffusers model stays the
+    submodule ``unet`` (with ScaleLong inside it as ``unet.scalelong``).
+    """
+
+    def __init__(self, unet: nn.Module):
+        super().__init__()
+        self.unet = unet
+        size = unet.config.sample_size
+        self.img_size = size if isinstance(size, int) else size[0]
+        self.in_channels = unet.config.in_channels
+        self.num_classes = unet.config.num_class_embeds or 0
+
+    def skip_shapes(self, batch_size: int = 1) -> list[tuple[int, ...]]:
+        """Shape of every long skip, outermost first."""
+        return [(batch_size, c, h, w) for c, h, w in skip_layout(self.unet)]
+
+    def forward(self, x: torch.Tensor, t: torch.Tensor, y: torch.Tensor | None = None) -> torch.Tensor:
+        return self.unet(x, t, class_labels=y, return_dict=False)[0]
+
+
+def build_diffusers_unet2d(
+    config: dict[str, Any], method: str, kappa: float | None = None, reduction: int = 16
+) -> DiffusersUNet2D:
+    """A fresh ``UNet2DModel`` from keyword ``config`` with ScaleLong applied, wrapped."""
+    diffusers = import_diffusers()
+    try:
+        unet = diffusers.UNet2DModel(**config)
+    except (ValueError, TypeError, KeyError) as e:
+        raise ScaleLongError(f"model.diffusers_unet2d: diffusers rejected the config: {e}") from e
+    apply_scalelong(unet, method, kappa, reduction=reduction, pretrained=False)
+    return DiffusersUNet2D(unet)
 
 
 def check_model(cfg: ModelConfig) -> nn.Module:

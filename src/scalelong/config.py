@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import os
 import types
 import typing
 from dataclasses import dataclass, field
@@ -19,6 +18,7 @@ from typing import Any
 import yaml
 
 from scalelong.errors import ScaleLongError
+from scalelong.metrics_log import write_text_atomic  # re-exported: the application's atomic write
 from scalelong.models.unet import layout_problem as unet_layout_problem
 from scalelong.presets import resolve_config
 from scalelong.skips import DEFAULT_KAPPA, MERGE_LAYER_METHODS, PAPER_METHODS, check_method
@@ -368,18 +368,6 @@ def config_to_dict(cfg: Config) -> dict:
 
 def save_config(cfg: Config, path: str | Path) -> None:
     write_text_atomic(path, yaml.safe_dump(config_to_dict(cfg), sort_keys=False))
-
-
-def write_text_atomic(path: str | Path, text: str) -> None:
-    """Write a text file under a temporary name, then rename it: a kill leaves the old file or the
-    new one, never a cut one."""
-    path = Path(path)
-    tmp = path.with_name(f".{path.name}.tmp")
-    with tmp.open("w") as f:
-        f.write(text)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
 
 
 # ----------------------------------------------------------------------------- validation

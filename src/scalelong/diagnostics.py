@@ -5,11 +5,11 @@ hidden feature of every block (forward hooks), reads the blocks' parameter gradi
 backward, and keeps sliding-window oscillation statistics and a loss-spike counter. It works on
 every backbone with a :class:`~scalelong.skips.SkipScaling`: the package's ``UViT`` and ``UNet``,
 a diffusers UNet after ``apply_scalelong`` (raw or inside ``DiffusersUNet2D``), and without one
-it still records the blocks. Hooks are armed only on logged steps, so every other step runs no
-diagnostic code at all.
+it still records the blocks. Hooks are installed only on logged steps, so every other step runs
+no diagnostic code at all.
 
-:class:`RunLog` writes the records into a folder's ``metrics.jsonl`` exactly as ``scalelong train``
-does, so ``scalelong analyze FOLDER`` draws the same plots (loss, norm of hidden features,
+:class:`~scalelong.runlog.RunLog` writes the records into a folder's ``metrics.jsonl`` exactly as
+``scalelong train`` does, so ``scalelong analyze FOLDER`` draws the same plots (loss, norm of hidden features,
 gradient oscillation, skip coefficients) from your own run. :func:`robustness` measures the
 local Lipschitz ratio the paper bounds, under this package's schedules or a diffusers scheduler.
 
@@ -29,27 +29,31 @@ Your own loop, with a diffusers UNet (the same with ``UViT`` / ``UNet``)::
     apply_scalelong(unet, method="ls")  # first: LS adds parameters the optimizer must see
     scheduler = DDPMScheduler(num_train_timesteps=1000)
     opt = torch.optim.AdamW(unet.parameters(), lr=1e-3)
-    diag = Diagnostics(unet, every=2).attach()
+    diag = Diagnostics(unet, every=2)
     with RunLog("runs/my-unet") as log:
         for step in range(1, 11):
             x0 = torch.randn(8, 1, 16, 16)  # your batch
             noise, t = torch.randn_like(x0), torch.randint(0, 1000, (8,))
-            logging = diag.active_for(step)  # True on logged steps: arms the hooks for this forward
+            diag.arm(step)  # before the forward: installs the hooks on logged steps (returns True)
             loss = F.mse_loss(unet(scheduler.add_noise(x0, noise, t), t).sample, noise)
             loss.backward()
-            record = diag.collect(step, loss.item()) if logging else {}  # after backward, before step
+            record = diag.collect(step, loss.item())  # after backward, before step; {} if not logged
             log.write(step, record, loss=loss.item(), lr=opt.param_groups[0]["lr"])
             opt.step()
             opt.zero_grad()
     print(robustness(unet, scheduler, torch.randn(4, 1, 16, 16), ts=[10, 500, 990]))
 
 and then ``scalelong analyze runs/my-unet`` writes ``runs/my-unet/report/*.png``. Under DDP
-create the ``RunLog`` on the main process only (every process calls ``active_for`` and
-``collect``: their gradients are the all-reduced ones).
+create the ``RunLog`` on the main process only (every process calls ``arm`` and ``collect``:
+their gradients are the all-reduced ones).
 
-Per logged step the protocol is: ``active_for(step)`` before the forward, ``collect(step, loss)``
-after backward and before ``optimizer.step()`` / ``zero_grad()`` (it reads the gradients, returns
-the record and disarms the hooks). Create :class:`Diagnostics` after ``apply_scalelong``.
+Per step the protocol is two calls: ``arm(step)`` before the forward (True on a logged step,
+whose forward it then listens to; False, and nothing runs, on any other), ``collect(step, loss)``
+after backward and before ``optimizer.step()`` / ``zero_grad()`` (it reads the gradients and
+returns the record; ``{}`` on a step that was not armed, leaving the oscillation windows alone).
+Misuse is never silent: a step armed and not collected warns when the next one is armed,
+``collect`` for another step than the armed one and arming after :meth:`Diagnostics.detach` are
+errors. Create :class:`Diagnostics` after ``apply_scalelong``; it listens from construction.
 
 Metric names (flat, ready for metrics.jsonl and TensorBoard; skip 1 is the outermost):
 
@@ -84,12 +88,11 @@ Non-finite values are recorded as they are and counted, never dropped.
 
 from __future__ import annotations
 
-import contextlib
 import math
 import statistics
+import warnings
 from collections import deque
 from collections.abc import Iterable, Mapping, Sequence
-from pathlib import Path
 
 import torch
 from torch import nn
@@ -97,9 +100,8 @@ from torch import nn
 from scalelong import metric_names
 from scalelong.diffusion import add_noise
 from scalelong.errors import ScaleLongError
-from scalelong.runs import RunDir, load_model
+from scalelong.runlog import RunLog  # re-exported: it used to live here
 from scalelong.skips import SkipScaling, find_skip_scaling
-from scalelong.tracking import Tracker
 
 OSC_SERIES = ("feature_norm", "block_grad_norm", "loss")
 SKIP_KEYS = ("norm_in", "norm_out", "coef_mean", "coef_min", "coef_max", "absmax_in")
@@ -205,8 +207,9 @@ class Diagnostics:
         spike_factor: a loss above this multiple of the window's median counts as a spike.
         blocks: explicit ``{name: module}`` to use instead of :func:`find_blocks`.
 
-    ``attach()`` (or ``with``) enables it; then, each step, ``active_for(step)`` before the forward
-    and, when it returned True, ``collect(step, loss)`` after backward, before the optimizer step.
+    It listens from construction. Each step, ``arm(step)`` before the forward, and
+    ``collect(step, loss)`` after backward, before the optimizer step (an empty record on steps
+    that were not armed). ``detach()`` (or the end of a ``with`` block) removes every hook.
     With the package's U-ViT and a plain loop::
 
         import torch
@@ -219,11 +222,10 @@ class Diagnostics:
         opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
         with Diagnostics(model, every=5) as diag, RunLog("runs/my-uvit") as log:
             for step in range(1, 21):
-                logging = diag.active_for(step)
+                diag.arm(step)  # True on steps 5, 10, ...: their forward is listened to
                 loss = training_loss(model, VPSDE(), torch.randn(16, 1, 8, 8)).mean()
                 loss.backward()
-                if logging:
-                    log.write(step, diag.collect(step, loss.item()), loss=loss.item())
+                log.write(step, diag.collect(step, loss.item()), loss=loss.item())  # {} on other steps
                 opt.step()
                 opt.zero_grad()
     """
@@ -258,18 +260,19 @@ class Diagnostics:
         self._skips: dict[int, list] = {}  # index -> [norm_in, norm_out, coef mean, min, max, samples]
         self._features: dict[str, list] = {}  # block -> [feature norm, samples]
         self._armed_step: int | None = None
+        self.attach()  # listening from construction: a forgotten attach() can no longer log nothing
 
     # ------------------------------------------------------------------ switching
 
     def attach(self) -> Diagnostics:
-        """Enable the diagnostics (no hook is installed until a logged step arms them)."""
+        """Listen again after :meth:`detach` (construction attaches); returns ``self``."""
         if self.scaling is not None and self.scaling.probe not in (None, self._probe):
             raise ScaleLongError("the model's SkipScaling already has another probe; detach it first")
         self.attached = True
         return self
 
     def detach(self) -> None:
-        """Remove every hook and disable the diagnostics."""
+        """Remove every hook and stop listening; :meth:`arm` is then an error until :meth:`attach`."""
         self.disarm()
         self.attached = False
 
@@ -286,22 +289,43 @@ class Diagnostics:
         self.spikes, self.nonfinite_total = state["spikes"], state["nonfinite_total"]
 
     def __enter__(self) -> Diagnostics:
-        return self.attach()
+        return self if self.attached else self.attach()
 
     def __exit__(self, *exc: object) -> None:
         self.detach()
 
-    def active_for(self, step: int) -> bool:
-        """Whether ``step`` is a logged step; arms the hooks for its forward if so, else disarms."""
-        active = self.attached and self.every > 0 and step % self.every == 0
-        if active:
-            self.arm()
+    def arm(self, step: int) -> bool:
+        """Get ready for ``step``, before its forward: return whether it is a logged step (a
+        multiple of ``every``), and if so install the hooks for its forward; otherwise remove them,
+        so the step runs no diagnostic code. Call it on every step, then :meth:`collect`."""
+        if not self.attached:
+            raise ScaleLongError(
+                f"arm({step}): these Diagnostics were detached; call attach() again (or make new ones) "
+                "before arming a step"
+            )
+        if self._armed_step is not None and step != self._armed_step:
+            warnings.warn(
+                f"Diagnostics: step {self._armed_step} was armed but not collected; its statistics are "
+                "dropped (call collect(step, loss) after backward on every step arm() returned True for)",
+                UserWarning,
+                stacklevel=2,
+            )
+        logged = self.every > 0 and step % self.every == 0
+        if logged:
+            self._install()
             self._armed_step = step
         else:
             self.disarm()
-        return active
+        return logged
 
-    def arm(self) -> None:
+    def active_for(self, step: int) -> bool:
+        """Deprecated name of :meth:`arm`, which says what it does: it installs hooks."""
+        warnings.warn(
+            "Diagnostics.active_for(step) is now Diagnostics.arm(step)", DeprecationWarning, stacklevel=2
+        )
+        return self.arm(step)
+
+    def _install(self) -> None:
         """Install the skip probe and the block hooks for the next forward (idempotent)."""
         if self._handles or (self.scaling is not None and self.scaling.probe == self._probe):
             return
@@ -361,11 +385,15 @@ class Diagnostics:
     # ------------------------------------------------------------------ reading
 
     def collect(self, step: int, loss: float) -> dict[str, float]:
-        """Metrics of the armed step (call after backward, before zero_grad); disarms the hooks."""
-        if self._armed_step is not None and step != self._armed_step:
-            raise ScaleLongError(
-                f"collect(step={step}) but the hooks were armed by active_for({self._armed_step})"
-            )
+        """Metrics of the armed step (call after backward, before zero_grad); removes the hooks.
+
+        On a step :meth:`arm` did not arm it returns ``{}`` and leaves the oscillation windows and
+        the spike count as they are, so ``log.write(step, diag.collect(step, loss), loss=...)`` can
+        run on every step."""
+        if self._armed_step is None:
+            return {}
+        if step != self._armed_step:
+            raise ScaleLongError(f"collect(step={step}) but arm({self._armed_step}) armed the hooks")
         self.disarm()
         names: list[str] = []
         tensors: list[torch.Tensor | None] = []
@@ -526,7 +554,7 @@ def noised(
 
 @torch.no_grad()
 def robustness(
-    model: nn.Module | str | Path,
+    model: nn.Module,
     schedule: object,
     x0: torch.Tensor,
     ts: Sequence[float],
@@ -542,14 +570,17 @@ def robustness(
     (see :func:`scalelong.theory.lipschitz_sum`).
 
     ``model`` is called as ``model(x_t, time, **cond)`` and may return a tensor, a tuple (its first
-    element) or a diffusers output (its ``.sample``); it may also be a checkpoint folder
-    (``checkpoints/step-XXXXXX``), whose EMA weights are probed. ``schedule`` is one of
+    element) or a diffusers output (its ``.sample``); for a checkpoint folder of ``scalelong
+    train`` see :func:`scalelong.runs.checkpoint_robustness`. ``schedule`` is one of
     :mod:`scalelong.diffusion` (``ts`` its times) or a diffusers scheduler (``ts`` integer
     timesteps), see :func:`noised`; e.g. ``robustness(unet, DDPMScheduler(), x0, [10, 500, 990],
     encoder_hidden_states=text)``. The model runs in eval mode.
     """
     if not isinstance(model, nn.Module):
-        model = load_model(model)
+        raise ScaleLongError(
+            f"robustness takes the model, got a {type(model).__name__}; for a checkpoint folder of "
+            "`scalelong train` use scalelong.runs.checkpoint_robustness(path, schedule, x0, ts)"
+        )
     was_training = model.training
     model.eval()
     device = next(model.parameters()).device
@@ -568,105 +599,6 @@ def robustness(
     finally:
         model.train(was_training)
     return rows
-
-
-# ---------------------------------------------------------------------- your own run folder
-
-
-def _logged_value(key: str, value: object) -> object:
-    """A value as the metrics log stores it: a number (0-d tensors read out) or a string."""
-    if isinstance(value, torch.Tensor):
-        if value.numel() != 1:
-            raise ScaleLongError(f"metric {key!r} is a tensor of shape {tuple(value.shape)}; log one number")
-        return value.item()
-    if isinstance(value, (bool, int, float, str)):
-        return value
-    raise ScaleLongError(f"metric {key!r} is a {type(value).__name__}; log a number or a string")
-
-
-class RunLog:
-    """A run folder of your own training loop, written as ``scalelong train`` writes its own.
-
-    ``RunLog("runs/my-unet")`` creates the folder if needed and holds its lock (``.lock``) until
-    :meth:`close` or the end of the ``with`` block, so no second writer, and no ``scalelong train``,
-    writes into it meanwhile. :meth:`write` appends one record per call to ``metrics.jsonl``
-    (:class:`~scalelong.runs.MetricsLog`, the trainer's format: ``step`` first, the training loss
-    under ``loss``, the learning rate under ``lr``, non-finite numbers as ``"nan"`` / ``"inf"``), and
-    with ``tensorboard`` to ``tb/`` too. ``scalelong analyze runs/my-unet`` then writes the plots,
-    no ``config.yaml`` or checkpoint needed.
-
-    Args:
-        path: the run folder.
-        start_step: the step a resumed loop continues after: records beyond it, left by an earlier
-            attempt, are dropped (with a warning) so the log reads as one run; 0 starts afresh.
-        tensorboard: also write TensorBoard events into ``<path>/tb`` (needs tensorboard).
-
-    See the module docstring for a complete loop. Create it on the main process only.
-    """
-
-    def __init__(self, path: str | Path, start_step: int = 0, tensorboard: bool = False):
-        if isinstance(start_step, bool) or not isinstance(start_step, int) or start_step < 0:
-            raise ScaleLongError(f"start_step must be an integer >= 0, got {start_step!r}")
-        self.run = RunDir(path)
-        if self.run.config_file.is_file():
-            raise ScaleLongError(
-                f"{self.run} holds a run of `scalelong train` (config.yaml); log your loop in another folder"
-            )
-        self._held = contextlib.ExitStack()
-        self._held.enter_context(self.run.writing())  # the folder, the lock; released on close()
-        try:
-            stale = [r for r in self.run.metrics() if not r.get("step", 0) <= start_step]
-            if stale:
-                print(
-                    f"warning: {self.run.metrics_file} held {len(stale)} record(s) after step {start_step} "
-                    "from an earlier run; dropping them"
-                )
-            self.tracker = Tracker(self.run, {}, start_step, tensorboard=tensorboard)
-        except BaseException:
-            self._held.close()
-            raise
-
-    @property
-    def path(self) -> Path:
-        return self.run.path
-
-    def write(
-        self,
-        step: int,
-        metrics: Mapping[str, object] | None = None,
-        *,
-        loss: float | torch.Tensor | None = None,
-        lr: float | None = None,
-    ) -> dict:
-        """Append the record of ``step``: ``loss``, ``lr`` and ``metrics`` (e.g. what
-        :meth:`Diagnostics.collect` returned); None values are left out. Returns the record."""
-        if self.tracker is None:
-            raise ScaleLongError(f"the RunLog of {self.run} is closed; open a new one to write")
-        if isinstance(step, bool) or not isinstance(step, int) or step < 0:
-            raise ScaleLongError(f"step must be an integer >= 0, got {step!r}")
-        metrics = dict(metrics or {})
-        clash = sorted({"step", "loss", "lr"} & set(metrics))
-        if "step" in clash or ("loss" in clash and loss is not None) or ("lr" in clash and lr is not None):
-            raise ScaleLongError(f"{', '.join(clash)} given twice: pass them once, as arguments of write()")
-        record: dict = {"step": step}
-        for key, value in {"loss": loss, "lr": lr, **metrics}.items():
-            if value is not None:
-                record[key] = _logged_value(key, value)
-        self.tracker.log(record)
-        return record
-
-    def close(self) -> None:
-        """Flush TensorBoard and release the folder's lock (idempotent)."""
-        if self.tracker is not None:
-            self.tracker.close()
-            self.tracker = None
-        self._held.close()
-
-    def __enter__(self) -> RunLog:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
 
 
 __all__ = [

@@ -44,9 +44,7 @@ import json
 import math
 import os
 import shutil
-import socket
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Sequence
 from pathlib import Path
 
 import torch
@@ -71,11 +69,11 @@ from scalelong.config import (
     config_to_dict,
     read_yaml,
     save_config,
-    write_text_atomic,
 )
+from scalelong.diagnostics import robustness
 from scalelong.errors import ScaleLongError
-
-Warn = Callable[[str], None]
+from scalelong.lock import LOCK_NAME, FolderLock, Warn, lock_state, writer_of
+from scalelong.metrics_log import CONFIG_FILE, METRICS_FILE, TB_DIR, MetricsLog, write_text_atomic
 
 # Dotted config keys (or prefixes) that may differ between a run directory and a resumed run.
 RESUME_FREE_KEYS = (
@@ -129,169 +127,6 @@ def config_differences(
     return out
 
 
-# ----------------------------------------------------------------------------- the metrics log
-
-_NONFINITE = ("nan", "inf", "-inf")
-
-
-def _to_json(value: object) -> object:
-    # JSON has no NaN or infinity; write them as strings so they stay visible.
-    if isinstance(value, float) and not math.isfinite(value):
-        return str(value)
-    return value
-
-
-def _from_json(value: object) -> object:
-    return float(value) if isinstance(value, str) and value in _NONFINITE else value
-
-
-class MetricsLog:
-    """``metrics.jsonl``: one JSON object per logged step. Non-finite numbers are written as the
-    strings ``"nan"`` / ``"inf"`` / ``"-inf"`` and read back as floats.
-
-    A kill can cut the last line short; reading drops such a line (and any other that is not a
-    JSON object) with one warning, and :meth:`truncate_after` (which a resumed run calls) rewrites
-    the file without it, atomically."""
-
-    _warned: set[tuple[str, int, int]] = set()  # (file, size, mtime) already reported
-
-    def __init__(self, path: Path, warn: Warn = print):
-        self.path = Path(path)
-        self.warn = warn
-
-    def write(self, record: dict) -> None:
-        with self.path.open("a") as f:
-            f.write(json.dumps({k: _to_json(v) for k, v in record.items()}) + "\n")
-
-    def read(self) -> list[dict]:
-        if not self.path.is_file():
-            return []
-        records, bad = [], []
-        lines = self.path.read_text(errors="replace").split("\n")
-        last = max((i for i, line in enumerate(lines) if line.strip()), default=-1)
-        for i, line in enumerate(lines):
-            if not line.strip():
-                continue
-            try:
-                record = json.loads(line)
-                if not isinstance(record, dict):
-                    raise ValueError("not an object")
-            except ValueError:
-                bad.append(i)
-                continue
-            records.append({k: _from_json(v) for k, v in record.items()})
-        if bad:
-            self._report(bad, last)
-        return records
-
-    def _report(self, bad: list[int], last: int) -> None:
-        stat = self.path.stat()
-        key = (str(self.path.resolve()), stat.st_size, stat.st_mtime_ns)
-        if key in MetricsLog._warned:  # one warning per state of the file, however often it is read
-            return
-        MetricsLog._warned.add(key)
-        if bad == [last]:
-            what = "its last line is cut short (a run stopped while writing it)"
-        else:
-            what = f"line(s) {', '.join(str(i + 1) for i in bad[:5])} are not JSON records"
-        self.warn(f"warning: {self.path}: {what}; ignoring it")
-
-    def truncate_after(self, step: int) -> None:
-        """Drop records beyond ``step`` (a resumed run rewrites them) and unreadable lines."""
-        if self.path.is_file():
-            kept = [r for r in self.read() if r.get("step", 0) <= step]
-            text = "".join(json.dumps({k: _to_json(v) for k, v in r.items()}) + "\n" for r in kept)
-            write_text_atomic(self.path, text)
-
-
-# ----------------------------------------------------------------------------- the lock
-
-LOCK_NAME = ".lock"
-STALE_UNREADABLE_S = 5.0  # an unreadable lock this old is not one being written this instant
-
-
-def _process_start(pid: int) -> str | None:
-    """When process ``pid`` started (Linux: clock ticks after boot), so a reused pid is told apart;
-    None where /proc does not say."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-        return stat.rsplit(")", 1)[1].split()[19]  # field 22, counted after the command name
-    except (OSError, IndexError):
-        return None
-
-
-def _process_alive(pid: int, start: str | None) -> bool:
-    """Whether process ``pid`` of this host still runs, and is the one that started at ``start``."""
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:  # another user's process: it exists
-        pass
-    except OSError:
-        return False
-    now = _process_start(pid)
-    return start is None or now is None or now == start
-
-
-def _lock_record() -> dict:
-    return {
-        "pid": os.getpid(),
-        "host": socket.gethostname(),
-        "start": _process_start(os.getpid()),
-        "since": time.strftime("%Y-%m-%d %H:%M:%S"),
-    }
-
-
-def read_lock(path: Path) -> tuple[bytes, dict | None] | None:
-    """The raw bytes of a lock file and its record (None when unreadable); None when there is no lock."""
-    try:
-        raw = path.read_bytes()
-    except FileNotFoundError:
-        return None
-    except OSError:
-        return b"", None
-    try:
-        record = json.loads(raw)
-        ok = isinstance(record, dict) and isinstance(record.get("pid"), int) and record["pid"] > 0
-        return raw, record if ok and isinstance(record.get("host"), str) else None
-    except ValueError:
-        return raw, None
-
-
-def lock_state(path: Path) -> tuple[str, dict | None]:
-    """What a lock file says: ``("none", None)``, ``("mine", rec)``, ``("live", rec)`` (held by a
-    running process, or by one on another host, which cannot be checked from here), ``("stale",
-    rec)`` (its process is gone) or ``("unreadable", None)``."""
-    found = read_lock(path)
-    return ("none", None) if found is None else _judge(found[1])
-
-
-def _judge(record: dict | None) -> tuple[str, dict | None]:
-    if record is None:
-        return "unreadable", None
-    if record["host"] != socket.gethostname():
-        return "live", record
-    if record["pid"] == os.getpid() and record.get("start") == _process_start(os.getpid()):
-        return "mine", record
-    return ("live" if _process_alive(record["pid"], record.get("start")) else "stale"), record
-
-
-def _holder(record: dict) -> str:
-    return f"pid {record['pid']} on host {record['host']} (since {record.get('since', '?')})"
-
-
-def writer_of(path: str | Path) -> str | None:
-    """Who else writes ``path`` or a folder above it: ``"<folder> (pid N on host H ...)"`` for a
-    live lock of another process, None when nobody does."""
-    path = Path(path).absolute()
-    for folder in (path, *path.parents):
-        state, record = lock_state(folder / LOCK_NAME)
-        if state == "live":
-            return f"{folder} ({_holder(record)})"
-    return None
-
-
 # ----------------------------------------------------------------------------- the run directory
 
 # What scalelong writes into a run directory: files, and per folder the names it gives its files.
@@ -314,7 +149,8 @@ class RunDir(os.PathLike):
 
     def __init__(self, path: str | os.PathLike):
         self.path = Path(path)
-        self._locked = False
+        # the trainer's wording: another writer "trains" the run, and a run is chosen by name=...
+        self._lock = FolderLock(self.path, verb="trained", advice="choose another out_dir=... or name=...")
 
     def __fspath__(self) -> str:
         return str(self.path)
@@ -333,7 +169,7 @@ class RunDir(os.PathLike):
 
     @property
     def config_file(self) -> Path:
-        return self.path / "config.yaml"
+        return self.path / CONFIG_FILE
 
     @property
     def lock_file(self) -> Path:
@@ -341,11 +177,11 @@ class RunDir(os.PathLike):
 
     @property
     def metrics_file(self) -> Path:
-        return self.path / "metrics.jsonl"
+        return self.path / METRICS_FILE
 
     @property
     def tb_dir(self) -> Path:
-        return self.path / "tb"
+        return self.path / TB_DIR
 
     @property
     def checkpoints_dir(self) -> Path:
@@ -416,7 +252,7 @@ class RunDir(os.PathLike):
 
     @property
     def metrics_log(self) -> MetricsLog:
-        return MetricsLog(self.metrics_file)
+        return MetricsLog(self.metrics_file, warn=print)  # the command line's warning lines
 
     def metrics(self) -> list[dict]:
         """The records of ``metrics.jsonl`` in file order (non-finite values as floats)."""
@@ -527,115 +363,28 @@ class RunDir(os.PathLike):
         write_text_atomic(self.summary_file, json.dumps(summary, indent=1, default=str))
 
     def acquire_lock(self, warn: Warn = print) -> None:
-        """Create ``.lock`` (``O_EXCL``) holding this process's pid, host and start time.
+        """Create ``.lock`` (``O_EXCL``) holding this process's pid, host and start time
+        (:class:`scalelong.lock.FolderLock`). Held by a live process (or by one on another host): a
+        ScaleLongError naming it. Held by a process of this host that is gone: taken over with a
+        warning. The folder must exist."""
+        self._lock.acquire(warn)
 
-        Held by a live process (or by one on another host): a ScaleLongError naming it. Held by a
-        process of this host that is gone: taken over with a warning. The folder must exist."""
-        for _ in range(200):
-            try:
-                fd = os.open(self.lock_file, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
-            except FileExistsError:
-                pass
-            except OSError as e:
-                raise ScaleLongError(
-                    f"cannot write in the run directory {self.path} ({e.strerror})"
-                ) from None
-            else:
-                with os.fdopen(fd, "w") as f:
-                    f.write(json.dumps(_lock_record()))
-                    f.flush()
-                    os.fsync(f.fileno())
-                self._locked = True
-                return
-            found = read_lock(self.lock_file)
-            if found is None:  # released meanwhile
-                continue
-            judged, record = found
-            state, record = _judge(record)
-            if state in ("live", "mine"):
-                if record["host"] != socket.gethostname():
-                    raise ScaleLongError(
-                        f"{self.path} is locked by {_holder(record)}, another host this one cannot check; "
-                        f"if no process there trains it any more, delete {self.lock_file}"
-                    )
-                raise ScaleLongError(
-                    f"{self.path} is being trained by {_holder(record)}; only one process may write a "
-                    "run: wait for it to end or stop it, or choose another name=..."
-                )
-            if state == "unreadable":
-                try:
-                    age = time.time() - self.lock_file.stat().st_mtime
-                except FileNotFoundError:
-                    continue
-                if age < STALE_UNREADABLE_S:  # being written this instant
-                    time.sleep(0.05)
-                    continue
-            if self._take_over(judged):
-                gone = _holder(record) if record else "an unreadable lock"
-                warn(f"warning: {self.path} was locked by {gone}, which no longer runs; taking the lock over")
-        raise ScaleLongError(f"cannot lock {self.path}: {self.lock_file} keeps changing; try again")
+    @property
+    def _locked(self) -> bool:
+        return self._lock.held
 
-    def _take_over(self, judged: bytes) -> bool:
-        """Remove the stale lock whose bytes are ``judged``, unless another process replaced it
-        meanwhile: the lock is renamed away first (atomic) and compared; a fresh lock moved by
-        mistake is put back."""
-        moved = self.lock_file.with_name(f"{LOCK_NAME}.stale-{os.getpid()}")
-        try:
-            os.replace(self.lock_file, moved)
-        except FileNotFoundError:
-            return False
-        try:
-            if moved.read_bytes() != judged:
-                with contextlib.suppress(FileExistsError):
-                    os.link(moved, self.lock_file)  # another process's fresh lock: put it back
-                return False
-            return True
-        finally:
-            moved.unlink(missing_ok=True)
+    @_locked.setter
+    def _locked(self, held: bool) -> None:
+        self._lock.held = held
 
     def release_lock(self) -> None:
         """Remove ``.lock`` if this process holds it."""
-        if not self._locked:
-            return
-        self._locked = False
-        if lock_state(self.lock_file)[0] == "mine":
-            self.lock_file.unlink(missing_ok=True)
+        self._lock.release()
 
-    @contextlib.contextmanager
-    def writing(self, warn: Warn = print) -> Iterator[RunDir]:
+    def writing(self, warn: Warn = print) -> contextlib.AbstractContextManager[FolderLock]:
         """Hold the run's lock for the ``with`` block: the folder is created when missing (and
         removed again if it is still empty at the end), the lock is released on every way out."""
-        created = self._make_folder()
-        try:
-            self.acquire_lock(warn)
-            try:
-                yield self
-            finally:
-                self.release_lock()
-        finally:
-            for folder in created:  # deepest first; only empty folders made here
-                with contextlib.suppress(OSError):
-                    folder.rmdir()
-
-    def _make_folder(self) -> list[Path]:
-        """Create the run folder and missing parents; return those created, deepest first."""
-        missing = [p for p in (self.path, *self.path.parents) if not p.exists()]
-        for p in (self.path, *self.path.parents):
-            if p.exists():
-                if not p.is_dir():
-                    what = "the run directory" if p == self.path else "a folder on its path"
-                    raise ScaleLongError(
-                        f"{p} is a file, not a folder, so it cannot hold {what} {self.path}; "
-                        "choose another out_dir=... or name=..."
-                    )
-                break
-        try:
-            self.path.mkdir(parents=True, exist_ok=True)
-        except OSError as e:
-            raise ScaleLongError(
-                f"cannot create the run directory {self.path} ({e.strerror}); choose another out_dir=..."
-            ) from None
-        return missing
+        return self._lock.holding(warn)
 
     def project_files(self) -> list[Path]:
         """The files and folders in this run directory that scalelong writes."""
@@ -747,8 +496,23 @@ def load_model(
     return model.to(device).eval()
 
 
+def checkpoint_robustness(
+    checkpoint: str | Path,
+    schedule: object,
+    x0: torch.Tensor,
+    ts: Sequence[float],
+    weights: str = "ema",
+    **kwargs,
+) -> list[dict[str, float]]:
+    """:func:`scalelong.diagnostics.robustness` of a checkpoint folder of ``scalelong train``
+    (``checkpoints/step-XXXXXX``): its verified ``weights`` (``ema`` or ``model``) are probed; the
+    other arguments are those of ``robustness``."""
+    return robustness(load_model(checkpoint, weights=weights), schedule, x0, ts, **kwargs)
+
+
 __all__ = [
     "RESUME_FREE_KEYS",
+    "checkpoint_robustness",
     "MetricsLog",
     "RunDir",
     "config_differences",

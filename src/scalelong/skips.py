@@ -42,13 +42,15 @@ Learned gates: on transformer tokens (``num_tokens``) the released :class:`Token
 convolutional skips (``skip_channels``) a per-skip :class:`ChannelGate` for ``ls-nonshare`` and
 one width-agnostic :class:`SharedChannelGate` for ``ls``.
 
-:func:`find_skip_scaling` finds the module in any model and :func:`skip_table` prints the table
-of ``scalelong info``: index, shape, coefficient.
+:func:`find_skip_scaling` finds the module in any model, :func:`describe` lists each skip (where
+it is scaled, its shape, its coefficient or gate) and :func:`skip_table` prints that list as
+``scalelong info`` does.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
+from typing import NamedTuple
 
 import torch
 from torch import nn
@@ -73,7 +75,17 @@ DEFAULT_KAPPA = {"uvit": 0.5, "unet": 0.9}
 SkipProbe = Callable[[int, torch.Tensor, "torch.Tensor | float | None", torch.Tensor], None]
 
 
-def check_method(method: str, kappa: float = 0.5, num_skips: int = 1) -> None:
+class SkipSite(NamedTuple):
+    """Where one long skip is scaled, as an adapter declares it (plain data; see :func:`describe`)."""
+
+    module: str  # dotted path of the submodule whose input carries the skip, in the model that holds
+    #              the SkipScaling as ``.scalelong``
+    input: str  # which input: ``skip``, ``args[2]``, ``res_hidden_states_tuple[1]``
+    channels: slice | None  # the skip's slice of a concatenated input; None: the whole input
+    shape: tuple[int | None, ...] | None  # without the batch; None for what is not known
+
+
+def check_method(method: str, kappa: float = DEFAULT_KAPPA["uvit"], num_skips: int = 1) -> None:
     """Raise :class:`ScaleLongError` unless ``method``, ``kappa`` and ``num_skips`` are valid."""
     if method not in METHODS:
         raise ScaleLongError(f"unknown skip method {method!r}; choose one of {', '.join(METHODS)}")
@@ -83,7 +95,7 @@ def check_method(method: str, kappa: float = 0.5, num_skips: int = 1) -> None:
         raise ScaleLongError(f"num_skips must be an integer >= 1, got {num_skips!r}")
 
 
-def skip_coefficients(method: str, num_skips: int, kappa: float = 0.5) -> list[float]:
+def skip_coefficients(method: str, num_skips: int, kappa: float = DEFAULT_KAPPA["uvit"]) -> list[float]:
     """Constant coefficients of a method, outermost skip first.
 
     >>> skip_coefficients("cs", 3, 0.5)
@@ -229,7 +241,7 @@ class SkipScaling(nn.Module):
         self,
         method: str = "none",
         num_skips: int = 1,
-        kappa: float = 0.5,
+        kappa: float = DEFAULT_KAPPA["uvit"],
         *,
         num_tokens: int | None = None,
         reduction: int = 16,
@@ -313,6 +325,18 @@ class SkipScaling(nn.Module):
         """Whether the skip is multiplied by a coefficient (every method but ``skip-norm``)."""
         return self.method != "skip-norm"
 
+    def declare_sites(self, sites: Sequence[SkipSite]) -> None:
+        """Record where each skip (outermost first) is scaled, for :func:`describe`: adapters call it
+        when they hook a third-party model; a backbone that calls this module itself needs none."""
+        if len(sites) != self.num_skips:
+            raise ValueError(f"{len(sites)} sites for {self.num_skips} skips")
+        self.__dict__["_sites"] = list(sites)
+
+    @property
+    def sites(self) -> list[SkipSite] | None:
+        """The sites declared by :meth:`declare_sites`, or None (the scaling is built into the backbone)."""
+        return self.__dict__.get("_sites")
+
     def coefficients(self) -> list[float | None]:
         """Constant coefficient of each skip (outermost first); ``None`` where it is learned, and
         for ``skip-norm``, which normalises the skip instead of scaling it."""
@@ -357,6 +381,11 @@ class SkipScaling(nn.Module):
             raise IndexError(f"skip index {index} outside 1..{self.num_skips}")
         return self.norms[index - 1](merged)
 
+    def gate_name(self, index: int) -> str:
+        """Which gate serves skip ``index``: ``TokenGate (shared)``, ``ChannelGate 3`` (learned methods)."""
+        kind = type(self.gate_for(index)).__name__
+        return f"{kind} (shared)" if len(self.gates) == 1 else f"{kind} {index}"
+
     def describe(self, index: int) -> str:
         """What happens to skip ``index``, as the coefficient column of :func:`skip_table` shows it."""
         if self.method == "skip-norm":
@@ -364,9 +393,7 @@ class SkipScaling(nn.Module):
             kind = f"GroupNorm({norm.num_groups})" if isinstance(norm, nn.GroupNorm) else "LayerNorm"
             return f"skip-norm: {kind} on the skip"
         if self.learned:
-            # which gate serves this skip: e.g. "ls: shared SharedChannelGate" / "ls-nonshare: ChannelGate 3"
-            kind = type(self.gate_for(index)).__name__
-            return f"{self.method}: " + (f"shared {kind}" if len(self.gates) == 1 else f"{kind} {index}")
+            return f"{self.method}: {self.gate_name(index)}"
         text = f"{self.coefficients()[index - 1]:.6g}"
         if self.method == "merge-norm":
             return f"{text}, LayerNorm after the merge"
@@ -401,21 +428,84 @@ def find_skip_scaling(model: nn.Module) -> SkipScaling | None:
     return found[0] if found else None
 
 
-def skip_rows(model: nn.Module) -> list[tuple[int, tuple[int, ...], str]]:
-    """(index, skip shape without batch, coefficient) per skip, outermost (index 1) first."""
-    scaling = find_skip_scaling(model)
-    if scaling is None:
-        raise ValueError("model has no SkipScaling module")
-    shapes = model.skip_shapes(batch_size=1)
-    if len(shapes) != scaling.num_skips:
-        raise ValueError(f"the model lists {len(shapes)} skip shapes for {scaling.num_skips} skips")
-    return [(i, tuple(shape[1:]), scaling.describe(i)) for i, shape in enumerate(shapes, start=1)]
+class SkipRow(NamedTuple):
+    """One long skip as :func:`describe` lists it."""
+
+    index: int  # 1 = the outermost
+    module: str  # dotted path (in the model given) of the submodule whose input is scaled; for a
+    #              backbone that calls its SkipScaling itself, the path of that SkipScaling
+    input: str  # which input of it (``skip``, ``res_hidden_states_tuple[1]``); ``built in`` for a backbone
+    channels: slice | None  # the skip's slice of a concatenated input; None: the whole input
+    shape: tuple[int | None, ...] | None  # without the batch (None for an unknown side); None if unknown
+    coefficient: float | None  # the constant coefficient; None where a gate learns it or skip-norm normalises
+    gate: str | None  # the gate that learns it: ``TokenGate (shared)``, ``ChannelGate 3``; None if none
+    treatment: str  # the whole treatment in words: ``0.5``, ``ls: TokenGate (shared)``, ``skip-norm: ...``
+
+
+def _scaling_path(model: nn.Module) -> tuple[SkipScaling, str]:
+    found = [(path, m) for path, m in model.named_modules() if isinstance(m, SkipScaling)]
+    if not found:
+        raise ScaleLongError(
+            f"{type(model).__name__} has no skip scaling: apply_scalelong(model, method) first, or build the "
+            "package's backbone with a skip_method"
+        )
+    if len(found) > 1:
+        raise ScaleLongError(f"the model holds {len(found)} SkipScaling modules; expected one")
+    path, scaling = found[0]
+    return scaling, path
+
+
+def describe(model: nn.Module) -> list[SkipRow]:
+    """Every long skip of ``model``, outermost (index 1) first: where it is scaled, which input, the
+    channel slice, its shape and its coefficient or gate.
+
+    It reads what was applied, so it also lists what ``apply_scalelong`` hooked (the modules of the
+    rows). Works on the package's backbones, on every model ``apply_scalelong`` serves, and through
+    any module that holds one.
+    """
+    scaling, path = _scaling_path(model)
+    owner_path = path.rpartition(".")[0]  # the module that holds the SkipScaling
+    prefix = f"{owner_path}." if owner_path else ""
+    sites = scaling.sites
+    if sites is None:  # the backbone calls scaling(skip, index) at each merge itself
+        owner = model.get_submodule(owner_path) if owner_path else model
+        shapes = owner.skip_shapes(1) if callable(getattr(owner, "skip_shapes", None)) else None
+        sites = [
+            SkipSite(path, "built in", None, None if shapes is None else tuple(shapes[i][1:]))
+            for i in range(scaling.num_skips)
+        ]
+        prefix = ""
+    rows = []
+    for i, (site, coef) in enumerate(zip(sites, scaling.coefficients(), strict=True), start=1):
+        gate = scaling.gate_name(i) if scaling.learned else None
+        module = f"{prefix}{site.module}" if site.module else owner_path
+        rows.append(
+            SkipRow(i, module, site.input, site.channels, site.shape, coef, gate, scaling.describe(i))
+        )
+    return rows
+
+
+def _where(row: SkipRow) -> str:
+    """``up_blocks.0(res_hidden_states_tuple[1])``, ``dec0(input)[-4:]`` or ``built-in``: one word."""
+    if row.input == "built in":
+        return "built-in"
+    c = row.channels
+    cut = "" if c is None else f"[{'' if c.start is None else c.start}:{'' if c.stop is None else c.stop}]"
+    return f"{row.module or '<model>'}({row.input}){cut}"
 
 
 def skip_table(model: nn.Module) -> str:
-    """The table ``scalelong info`` prints: index, shape, coefficient of every skip."""
-    lines = [f"{'skip':>4}  {'shape':<18}  coefficient", f"{'-' * 4}  {'-' * 18}  {'-' * 11}"]
-    for index, shape, coef in skip_rows(model):
-        lines.append(f"{index:>4}  {'x'.join(map(str, shape)):<18}  {coef}")
+    """The table ``scalelong info`` prints, built on :func:`describe`: index, shape, where the skip
+    is scaled and its coefficient (or the gate that learns it) for every skip."""
+    rows = describe(model)
+    shapes = [
+        "?" if r.shape is None else "x".join("?" if d is None else str(d) for d in r.shape) for r in rows
+    ]
+    wheres = [_where(r) for r in rows]
+    sw, ww = max(18, *map(len, shapes)), max(8, *map(len, wheres))
+    lines = [f"{'skip':>4}  {'shape':<{sw}}  {'scaled at':<{ww}}  coefficient"]
+    lines.append(f"{'-' * 4}  {'-' * sw}  {'-' * ww}  {'-' * 11}")
+    for r, shape, where in zip(rows, shapes, wheres, strict=True):
+        lines.append(f"{r.index:>4}  {shape:<{sw}}  {where:<{ww}}  {r.treatment}")
     lines.append("(skip 1 is the outermost, next to the input and output)")
     return "\n".join(lines)

@@ -19,7 +19,7 @@ import torch
 from torch import nn
 
 from scalelong.models import UViT
-from scalelong.skips import SkipScaling, find_skip_scaling
+from scalelong.skips import DEFAULT_KAPPA, SkipScaling, find_skip_scaling
 
 
 def sum_squared_from(coefficients: Sequence[float]) -> list[float]:
@@ -87,7 +87,9 @@ class ReLUUNet(nn.Module):
     the bound's form with c1 = 1, c2 = ||x_t||^2 for a fixed input.
     """
 
-    def __init__(self, width: int = 256, num_skips: int = 8, method: str = "none", kappa: float = 0.5):
+    def __init__(
+        self, width: int = 256, num_skips: int = 8, method: str = "none", kappa: float = DEFAULT_KAPPA["uvit"]
+    ):
         super().__init__()
         self.width = width
         self.enc = nn.ModuleList(_relu_block(width) for _ in range(num_skips))
@@ -168,7 +170,7 @@ def feature_bound_experiment(
     kind: str = "relu",
     depths: Sequence[int] = (4, 8, 12, 16),
     methods: Sequence[str] = ("none", "sqrt2", "cs"),
-    kappa: float = 0.5,
+    kappa: float = DEFAULT_KAPPA["uvit"],
     width: int = 256,
     batch: int = 32,
     repeats: int = 1,

@@ -29,7 +29,6 @@ import copy
 import dataclasses
 import functools
 import hashlib
-import math
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -65,6 +64,7 @@ from scalelong.evaluation import NoiseLevelProbe, TrainingEvaluator
 from scalelong.fd_mnist import format_digit_score
 from scalelong.launch import make_accelerator, on_main_process, sigterm_as_interrupt
 from scalelong.models import conditioning
+from scalelong.optim import ema_update, lr_factor
 from scalelong.runs import RunDir
 from scalelong.sampling import generate
 from scalelong.tracking import Tracker
@@ -144,17 +144,6 @@ class RunResult:
 # ----------------------------------------------------------------------------- small pieces
 
 
-def lr_factor(step: int, warmup_steps: int, total_steps: int, schedule: str, min_ratio: float) -> float:
-    """lr multiplier after ``step`` updates: linear warm-up, then constant (the recipe) or cosine
-    decay to ``min_ratio`` at ``total_steps``."""
-    if warmup_steps > 0 and step < warmup_steps:
-        return (step + 1) / warmup_steps
-    if schedule == "cosine":
-        progress = min(1.0, (step - warmup_steps) / max(1, total_steps - warmup_steps))
-        return min_ratio + (1 - min_ratio) * 0.5 * (1 + math.cos(math.pi * progress))
-    return 1.0
-
-
 def make_optimizer(params, o, device: torch.device) -> torch.optim.AdamW:
     """AdamW of ``optim`` (:class:`~scalelong.config.OptimConfig`) with the kernel it names; a torch
     without a fused AdamW for ``device`` falls back to the default kernel with one line."""
@@ -179,14 +168,6 @@ def _is_compile_failure(e: BaseException) -> bool:
     """Whether ``e`` came out of torch.compile's machinery (dynamo or inductor), not out of the model."""
     mod = type(e).__module__ or ""
     return mod.startswith(("torch._dynamo", "torch._inductor")) or "InductorError" in type(e).__name__
-
-
-@torch.no_grad()
-def ema_update(ema: nn.Module, model: nn.Module, decay: float) -> None:
-    ema_p = list(ema.parameters())
-    torch._foreach_lerp_(ema_p, [p.detach() for p in model.parameters()], 1.0 - decay)
-    for b_ema, b in zip(ema.buffers(), model.buffers(), strict=True):
-        b_ema.copy_(b)
 
 
 def grad_norm(params: list[torch.Tensor]) -> torch.Tensor:
@@ -280,7 +261,7 @@ class Trainer:
         d = cfg.diagnostics
         # Hooks are armed only on diagnostic steps; other steps run no diagnostic code at all.
         self.diagnostics = (
-            Diagnostics(self.unwrapped, d.every, d.window, d.spike_factor).attach() if d.every > 0 else None
+            Diagnostics(self.unwrapped, d.every, d.window, d.spike_factor) if d.every > 0 else None
         )
         self.diag_metrics: dict = {}
         # Text data: captions replaced by the empty caption at this rate (classifier-free guidance).
@@ -358,7 +339,7 @@ class Trainer:
         ``nonfinite`` (loss or gradients not finite: skipped) or ``overflow`` (fp16 loss-scale
         overflow: skipped by the scaler, which lowers the scale)."""
         step = self.step + 1
-        diagnose = self.diagnostics is not None and self.diagnostics.active_for(step)
+        diagnose = self.diagnostics is not None and self.diagnostics.arm(step)
         loss = self.accumulate(step, images, labels, self.draws(images.shape), eager=diagnose)
         loss_all, gnorm, finite = self.gradients(loss)
         if diagnose:  # before the update: gradients and features of this very step
@@ -775,7 +756,9 @@ def _fit(trainer: Trainer, progress: bool, start_state: dict | None) -> RunResul
     tracker = None
     if acc.is_main_process:
         t = cfg.train
-        tracker = Tracker(run, config_to_dict(cfg), trainer.step, tensorboard=t.tensorboard, wandb=t.wandb)
+        tracker = Tracker(
+            run, config_to_dict(cfg), trainer.step, tensorboard=t.tensorboard, wandb=t.wandb, warn=print
+        )
         print(
             f"scalelong: {count_parameters(trainer.unwrapped):,} parameters, skips: "
             f"{cfg.model.skip.method}, {acc.num_processes} process(es) on "

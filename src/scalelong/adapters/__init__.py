@@ -1,47 +1,45 @@
 """ScaleLong on third-party models, without forking them; released U-ViT checkpoints.
 
 :func:`apply_scalelong` installs one :class:`~scalelong.skips.SkipScaling` on a model and
-scales its long skips where the decoder receives them, through forward pre-hooks. It picks the
-adapter by the model's type from :data:`ADAPTERS`, one module per family:
+scales its long skips where the decoder receives them, through forward pre-hooks. There is one
+installer (``declared.py``, skips declared as :class:`SkipInput`); each supported family has a
+module that reads a model and describes, as plain data, where its skips enter its decoder, and
+:data:`ADAPTERS` picks that module by the model's type:
 
-* ``diffusers.py``: diffusers ``UNet2DModel`` / ``UNet2DConditionModel``;
+* ``diffusers.py``: diffusers ``UNet2DModel`` / ``UNet2DConditionModel`` (each skip an element
+  of an up block's ``res_hidden_states_tuple``);
 * ``uvit_diffusers.py``: diffusers' U-ViT, ``UTransformer2DModel`` and ``UniDiffuserModel``;
 * ``ddpm_pytorch.py``: ``denoising_diffusion_pytorch.Unet``;
-* ``declared.py``: any other network, through ``skips=[SkipInput(...), ...]``.
+* any other network: the user's own ``skips=[SkipInput(...), ...]``.
 
 Types are matched by package and class name along the MRO, so subclasses are served and no
-optional package is imported to tell (the diffusers UNet adapter imports diffusers itself, with
-an error naming the extra). The U-ViT and denoising-diffusion-pytorch modules only read a model
-and describe where its skips enter as plain data; this package installs that description with
-``declared.install``, so the per-family modules never import one another.
+optional package is imported to tell. The per-family modules never import one another, nor
+anything of the trainer. Saving, loading and listing what was applied: :mod:`scalelong.saving`
+(``save_scalelong`` / ``load_scalelong``) and :func:`scalelong.skips.describe`.
 """
 
 from __future__ import annotations
 
 import warnings
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any, NamedTuple
+from typing import Any
 
 from torch import nn
 
 from scalelong.adapters import ddpm_pytorch, declared, uvit_diffusers
 from scalelong.adapters import diffusers as diffusers_unets
 from scalelong.adapters.declared import SkipInput
-from scalelong.adapters.diffusers import DiffusersUNet2D, load_scalelong, save_scalelong
 from scalelong.adapters.uvit_checkpoint import load_uvit_checkpoint
 from scalelong.errors import ScaleLongError
-from scalelong.skips import DEFAULT_KAPPA, METHODS, PAPER_METHODS, find_skip_scaling
+from scalelong.skips import METHODS, PAPER_METHODS, find_skip_scaling
 
 __all__ = [
-    "DiffusersUNet2D",
     "PretrainedWeightsWarning",
     "SkipInput",
     "apply_scalelong",
     "is_applied",
-    "load_scalelong",
     "load_uvit_checkpoint",
     "remove_scalelong",
-    "save_scalelong",
 ]
 
 
@@ -49,50 +47,24 @@ class PretrainedWeightsWarning(UserWarning):
     """ScaleLong was applied to a model with trained weights, whose function it changes at once."""
 
 
-class Adapter(NamedTuple):
-    """How ScaleLong is put on, taken off and detected on one family of models."""
+Layout = Callable[[nn.Module], dict[str, Any]]  # model -> {"skips": [...], and install's keywords}
 
-    apply: Callable[[nn.Module, str, float | None, int], None]  # (model, method, kappa, reduction)
-    remove: Callable[[nn.Module], Any]
-    is_applied: Callable[[nn.Module], bool]
-
-
-def _from_layout(layout: Callable[[nn.Module], dict[str, Any]]) -> Adapter:
-    """An adapter that installs, through the declared-skips route, what ``layout(model)`` describes."""
-
-    def apply(model: nn.Module, method: str, kappa: float | None, reduction: int) -> None:
-        spec = layout(model)
-        skips = [SkipInput(*s) for s in spec.pop("skips")]
-        declared.install(model, method, kappa, skips, reduction=reduction, **spec)
-
-    return Adapter(apply, declared.remove, declared.is_installed)
-
-
-def _apply_unet(model: nn.Module, method: str, kappa: float | None, reduction: int) -> None:
-    kappa = DEFAULT_KAPPA["unet"] if kappa is None else kappa
-    diffusers_unets.apply_scalelong(model, method=method, kappa=kappa, reduction=reduction)
-
-
-_UNETS = Adapter(_apply_unet, diffusers_unets.remove_scalelong, diffusers_unets.is_applied)
-
-# (top-level package, class names, adapter): the models apply_scalelong knows by type.
-ADAPTERS: tuple[tuple[str, tuple[str, ...], Adapter], ...] = (
-    ("diffusers", ("UNet2DModel", "UNet2DConditionModel"), _UNETS),
-    ("diffusers", ("UTransformer2DModel",), _from_layout(uvit_diffusers.utransformer_layout)),
-    ("diffusers", ("UniDiffuserModel",), _from_layout(uvit_diffusers.unidiffuser_layout)),
-    ("denoising_diffusion_pytorch", ("Unet",), _from_layout(ddpm_pytorch.unet_layout)),
-    ("scalelong", ("DiffusersUNet2D",), _UNETS),  # the package's wrapper of a UNet2DModel
+# (top-level package, class names, layout): the models apply_scalelong knows by type.
+ADAPTERS: tuple[tuple[str, tuple[str, ...], Layout], ...] = (
+    ("diffusers", ("UNet2DModel", "UNet2DConditionModel"), diffusers_unets.unet_layout),
+    ("diffusers", ("UTransformer2DModel",), uvit_diffusers.utransformer_layout),
+    ("diffusers", ("UniDiffuserModel",), uvit_diffusers.unidiffuser_layout),
+    ("denoising_diffusion_pytorch", ("Unet",), ddpm_pytorch.unet_layout),
 )
-_BY_TYPE = {(package, name): adapter for package, names, adapter in ADAPTERS for name in names}
+_BY_TYPE = {(package, name): layout for package, names, layout in ADAPTERS for name in names}
 
 
 def _supported_text() -> str:
     """'diffusers UNet2DModel and UNet2DConditionModel, UTransformer2DModel, ...': the error's list."""
     parts, last = [], None
     for package, names, _ in ADAPTERS:
-        if package != "scalelong":
-            parts.append(("" if package == last else f"{package} ") + " and ".join(names))
-            last = package
+        parts.append(("" if package == last else f"{package} ") + " and ".join(names))
+        last = package
     return ", ".join(parts)
 
 
@@ -101,7 +73,7 @@ SUPPORTED = _supported_text()
 
 def apply_scalelong(
     model: nn.Module,
-    method: str = "cs",
+    method: str,
     kappa: float | None = None,
     *,
     skips: Sequence[SkipInput] | None = None,
@@ -121,11 +93,13 @@ def apply_scalelong(
 
     Args:
         model: the network.
-        method: one of the paper's methods, ``scalelong.skips.PAPER_METHODS``. The others
-            (``skip-norm``, ``merge-norm``, ``cs-init``) are built into the package's own
+        method: one of the paper's methods, ``scalelong.skips.PAPER_METHODS``; there is no default,
+            since applying ScaleLong is choosing one (``none`` changes nothing, bit for bit). The
+            others (``skip-norm``, ``merge-norm``, ``cs-init``) are built into the package's own
             backbones only and are refused here.
-        kappa: base of ``cs``: skip i (1 = outermost) gets ``kappa ** (i - 1)``. None: 0.5 on
-            token skips (U-ViT, the paper's value), 0.9 on feature maps (the UNet default).
+        kappa: base of ``cs``: skip i (1 = outermost) gets ``kappa ** (i - 1)``. None: the default
+            of ``scalelong.skips.DEFAULT_KAPPA``, 0.5 on token skips (U-ViT, the paper's value),
+            0.9 on feature maps (the UNet default).
         skips: the declared skip inputs (see :class:`SkipInput`); required for an unsupported
             type, and used instead of the built-in layout when given for a supported one.
         num_tokens: with ``skips``: token count L of (B, L, D) skips, for the LS gates.
@@ -139,7 +113,7 @@ def apply_scalelong(
             model's config, which copies ``_name_or_path`` onto fresh weights).
 
     New LS parameters live in ``model.scalelong``; create the optimizer after this call.
-    Returns ``model``.
+    :func:`scalelong.skips.describe` lists what was applied. Returns ``model``.
     """
     if pretrained is not None and not isinstance(pretrained, bool):
         raise ScaleLongError(f"pretrained must be True, False or None (detect), got {pretrained!r}")
@@ -149,60 +123,65 @@ def apply_scalelong(
             "package's own UViT and UNet only (their skip_method, or model.skip.method in a config)"
         )
     if skips is not None:
-        declared.install(
-            model,
-            method,
-            kappa,
-            skips,
-            num_tokens=num_tokens,
-            skip_channels=skip_channels,
-            reduction=reduction,
-        )
+        spec: dict[str, Any] = {"skips": skips, "num_tokens": num_tokens, "skip_channels": skip_channels}
     elif num_tokens is not None or skip_channels is not None:
         raise ScaleLongError(
             "num_tokens and skip_channels size the gates of declared skips: pass them with skips=[...] "
             "(a supported model derives them)"
         )
     else:
-        adapter = _adapter(model)
-        if adapter is None:
+        layout = _layout(model)
+        if layout is None:
             raise _unsupported(model)
-        adapter.apply(model, method, kappa, reduction)
+        _check_free(model)
+        spec = layout(model)
+    declared.install(model, method, kappa, spec.pop("skips"), reduction=reduction, **spec)
     _warn_if_pretrained(model, pretrained)
     return model
 
 
 def remove_scalelong(model: nn.Module) -> nn.Module:
     """Undo :func:`apply_scalelong`: remove its hooks and ``model.scalelong``. Returns ``model``."""
-    adapter = _adapter(model)
-    if declared.is_installed(model):
+    if declared.installed(model) is not None:
         declared.remove(model)
-    elif adapter is not None and adapter.is_applied(model):
-        adapter.remove(model)
-    elif declared.is_hooked(model):
+        return model
+    inner = [path for path, _ in declared.installed_below(model) if path]
+    if inner:
+        raise ScaleLongError(
+            f"ScaleLong was applied to the submodule {inner[0]!r} of this model; "
+            f"call remove_scalelong on that one (model.{inner[0]})"
+        )
+    if declared.is_hooked(model):
         raise ScaleLongError(
             "ScaleLong was applied to a model that holds this one; call remove_scalelong on that model"
         )
-    else:
-        raise ScaleLongError("ScaleLong is not applied to this model; nothing to remove")
-    return model
+    raise ScaleLongError("ScaleLong is not applied to this model; nothing to remove")
 
 
 def is_applied(model: nn.Module) -> bool:
-    """Whether ScaleLong scales the skips of ``model`` (applied to it, or to a model that holds it)."""
-    adapter = _adapter(model)
-    return declared.is_hooked(model) or (adapter is not None and adapter.is_applied(model))
+    """Whether ScaleLong hooks scale the skips of ``model`` (applied to it, to a model that holds
+    it, or to one of its submodules)."""
+    return declared.is_hooked(model)
 
 
 # ----------------------------------------------------------------------------- helpers
 
 
-def _adapter(model: nn.Module) -> Adapter | None:
+def _layout(model: nn.Module) -> Layout | None:
     for cls in type(model).__mro__:
-        adapter = _BY_TYPE.get((cls.__module__.partition(".")[0], cls.__name__))
-        if adapter is not None:
-            return adapter
+        layout = _BY_TYPE.get((cls.__module__.partition(".")[0], cls.__name__))
+        if layout is not None:
+            return layout
     return None
+
+
+def _check_free(model: nn.Module) -> None:
+    """Refuse a second application before reading the layout (which may not fit a hooked model)."""
+    if declared.installed(model) is not None or declared.is_hooked(model):
+        raise ScaleLongError(
+            "ScaleLong is already applied to this model (or to a model that holds it); "
+            "call remove_scalelong on that model first"
+        )
 
 
 def _unsupported(model: nn.Module) -> ScaleLongError:
@@ -210,9 +189,9 @@ def _unsupported(model: nn.Module) -> ScaleLongError:
     if find_skip_scaling(model) is not None:
         return ScaleLongError(
             f"{name} already holds a SkipScaling (a scalelong backbone, or ScaleLong applied): "
-            "choose its method in its config (model.skip.method) instead"
+            "choose the method when you build it (skip_method=...) instead"
         )
-    inner = next((path for path, m in model.named_modules() if path and _adapter(m) is not None), None)
+    inner = next((path for path, m in model.named_modules() if path and _layout(m) is not None), None)
     if inner is not None:  # e.g. denoising_diffusion_pytorch's GaussianDiffusion around its Unet
         held = type(model.get_submodule(inner)).__name__
         return ScaleLongError(
@@ -227,8 +206,6 @@ def _unsupported(model: nn.Module) -> ScaleLongError:
 
 def _trained_from(model: nn.Module) -> str | None:
     """Where diffusers loaded ``model``'s weights from (``from_pretrained`` records it), or None."""
-    if isinstance(model, DiffusersUNet2D):
-        model = model.unet
     config = getattr(model, "config", None)
     source = config.get("_name_or_path") if isinstance(config, Mapping) else None
     return str(source) if source else None

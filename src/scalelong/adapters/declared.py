@@ -1,47 +1,56 @@
-"""ScaleLong on any network: declare where its long skips enter the decoder.
+"""The one installer: ScaleLong on any network whose long skips are declared as inputs.
 
 A long skip reaches the decoder as an input of some submodule: a merge layer called as
-``merge(x, skip)`` (U-ViT), a decoder block called as ``block(x, skip=skip)``, or a block that
+``merge(x, skip)`` (U-ViT), a decoder block called as ``block(x, skip=skip)``, a block that
 receives ``torch.cat([x, skip], dim=1)`` made in its parent's forward (EDM's SongUNet,
-denoising-diffusion-pytorch). A :class:`SkipInput` names that submodule, the input, and, for a
-concatenated input, the skip's channel slice::
+denoising-diffusion-pytorch), or one element of a tuple of skips handed to a decoder block
+(diffusers' up blocks take ``res_hidden_states_tuple``). A :class:`SkipInput` names that submodule
+(the module, or its dotted path in the model), the input, for a tuple the element, and for a
+concatenated input the skip's channel slice::
 
     skips = [
-        SkipInput(net.dec[-1], arg=0, channels=slice(-64, None)),  # skip 1: cat([x, s1]), s1 64 wide
-        SkipInput(net.dec[-2], arg="skip"),                          # skip 2: dec[-2](x, skip=s2)
+        SkipInput("dec.3", arg=0, channels=slice(-64, None)),            # skip 1: cat([x, s1]), s1 64 wide
+        SkipInput(net.dec[2], arg="skip"),                               # skip 2: dec[2](x, skip=s2)
+        SkipInput("up_blocks.0", arg="res_hidden_states_tuple", item=1),  # element 1 of a tuple
     ]
-    apply_scalelong(net, "ls", skips=skips, skip_channels=[64, 128])
+    apply_scalelong(net, "ls", skips=skips, skip_channels=[64, 128, 128])
 
-:func:`install` registers one :class:`SkipScaling` as ``model.scalelong`` and a forward pre-hook
-on each named submodule that replaces the skip (or its slice) with ``scaling(skip, index)``
-before the submodule runs. Skip ``i`` is the ``i``-th entry of the list: list them outermost
-first (the skip made next to the input, merged next to the output).
+Every adapter of :mod:`scalelong.adapters` describes its family's layout in these terms and
+installs it here, so there is one installer. A declaration is plain data once its modules are
+paths (:meth:`SkipInput.to_dict`): :func:`scalelong.adapters.save_scalelong` writes it beside the
+gates and :func:`scalelong.adapters.load_scalelong` replays it.
 
-As for the diffusers UNets, each hook is a plain function that finds its :class:`SkipScaling`
-through an unregistered reference in its submodule's ``__dict__``, so ``copy.deepcopy`` (an EMA
-copy) gets hooks that use the copy's parameters, and ``.to()``, ``state_dict`` and optimizers see
-the LS parameters once, under ``scalelong.*``.
+:func:`install` registers one :class:`SkipScaling` as ``model.scalelong`` and, through torch's
+public ``register_forward_pre_hook(..., with_kwargs=True)``, one pre-hook on each named submodule
+that replaces the skip (or its slice, or its tuple element) with ``scaling(skip, index)`` before
+the submodule runs; the handles are kept for :func:`remove`. Skip ``i`` is the ``i``-th entry of
+the list: list them outermost first (the skip made next to the input, merged next to the output).
+
+Each hook is a plain function that finds its :class:`SkipScaling` through an unregistered
+reference in its submodule's ``__dict__``, never through a closure, so ``copy.deepcopy`` (an EMA
+copy) gets hooks, and hook handles, that use the copy's parameters, and ``.to()``, ``state_dict``
+and optimizers see the LS parameters once, under ``scalelong.*``.
 """
 
 from __future__ import annotations
 
 import inspect
 from collections.abc import Mapping, Sequence
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import torch
 from torch import nn
 
 from scalelong.errors import ScaleLongError
-from scalelong.skips import DEFAULT_KAPPA, SkipScaling, find_skip_scaling
+from scalelong.skips import DEFAULT_KAPPA, SkipScaling, SkipSite, find_skip_scaling
 
-# Keys in a hooked submodule's __dict__ (the first two as in the diffusers UNet adapter), and in
-# the model's __dict__ the list of hooked submodules, which marks where ScaleLong was installed.
-_REF, _HOOK, _SPECS, _TARGETS = (
+# Keys in a hooked submodule's __dict__ (its SkipScaling, its hook's handle, its resolved inputs),
+# and in the model's __dict__ the declaration that was installed, which marks where ScaleLong is.
+_REF, _HOOK, _SPECS, _INSTALLED = (
     "_scalelong_scaling",
-    "_scalelong_hook_id",
+    "_scalelong_hook",
     "_scalelong_skip_inputs",
-    "_scalelong_declared",
+    "_scalelong_installed",
 )
 _POSITIONAL = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
 
@@ -50,8 +59,9 @@ class SkipInput(NamedTuple):
     """One long skip as the decoder receives it: an input of one submodule of the model.
 
     Attributes:
-        module: the submodule whose forward receives the skip (the merge layer, or the
-            decoder block that the concatenated tensor is handed to).
+        module: the submodule whose forward receives the skip (the merge layer, or the decoder
+            block that the concatenated tensor or the tuple of skips is handed to), or its dotted
+            path in the model (``"dec.3"``, as ``model.get_submodule`` reads it).
         arg: which input of ``module.forward``: its position (0 = the first after ``self``)
             or its parameter name. Either way the skip is found whether the caller passes it
             by position or by keyword.
@@ -60,12 +70,50 @@ class SkipInput(NamedTuple):
             whole input is the skip. For ``torch.cat([x, skip], 1)`` with a skip of ``w``
             channels, ``slice(-w, None)`` is the tail, whatever the width of ``x``.
         dim: the axis ``channels`` indexes: 1 for (B, C, H, W) maps, -1 for (B, L, D) tokens.
+        item: when the input is a tuple (or list) of tensors, the position of the skip in it
+            (negative counts from the end); ``channels`` then slices that element. None: the input
+            is a tensor.
     """
 
-    module: nn.Module
+    module: nn.Module | str
     arg: int | str = 0
     channels: slice | None = None
     dim: int = 1
+    item: int | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        """This declaration as JSON-ready data; ``module`` must be a path (:func:`install` records paths)."""
+        if not isinstance(self.module, str):
+            raise ScaleLongError("SkipInput.to_dict needs the module as its path in the model (a string)")
+        c = self.channels
+        return {
+            "module": self.module,
+            "arg": self.arg,
+            "channels": None if c is None else [c.start, c.stop],
+            "dim": self.dim,
+            "item": self.item,
+        }
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> SkipInput:
+        """The inverse of :meth:`to_dict`."""
+        c = data.get("channels")
+        return cls(
+            data["module"],
+            data.get("arg", 0),
+            None if c is None else slice(*c),
+            data.get("dim", 1),
+            data.get("item"),
+        )
+
+
+class Installed(NamedTuple):
+    """What :func:`install` put on a model, as plain data: replayed by ``load_scalelong``."""
+
+    skips: tuple[SkipInput, ...]  # outermost first, modules as paths in the model
+    num_tokens: int | None
+    skip_channels: tuple[int, ...] | None
+    shapes: tuple[tuple[int | None, ...] | None, ...]  # each skip's shape without the batch, where known
 
 
 class _Spec(NamedTuple):
@@ -76,6 +124,7 @@ class _Spec(NamedTuple):
     name: str | None  # its keyword, None if it is positional-only or unnamed
     channels: slice | None
     dim: int
+    item: int | None
 
 
 def install(
@@ -88,6 +137,7 @@ def install(
     skip_channels: Sequence[int] | None = None,
     reduction: int = 16,
     blocks: Mapping[str, nn.Module] | None = None,
+    shapes: Sequence[tuple[int | None, ...]] | None = None,
 ) -> SkipScaling:
     """Scale the declared skip inputs of ``model`` in place; return the installed :class:`SkipScaling`.
 
@@ -95,7 +145,9 @@ def install(
     outermost first) size the LS gates; constant methods need neither. ``kappa=None`` takes the
     U-ViT default when ``num_tokens`` is given and the UNet default otherwise. ``blocks`` are the
     model's blocks, in forward order, whose features :class:`~scalelong.diagnostics.Diagnostics`
-    records. Raises :class:`ScaleLongError` before changing anything if the declaration is wrong.
+    records; ``shapes`` each skip's shape without the batch (None for an unknown side), for
+    :func:`scalelong.skips.describe`. Raises :class:`ScaleLongError` before changing anything if the
+    declaration is wrong.
     """
     skips = [s if isinstance(s, SkipInput) else SkipInput(*s) for s in skips]
     if not skips:
@@ -103,13 +155,18 @@ def install(
             "skips= declares no skip input; list one SkipInput per long skip, outermost first"
         )
     _check_not_applied(model, skips)
-    specs = _resolve(model, skips)
+    resolved, grouped = _resolve(model, skips)
     if num_tokens is not None and skip_channels is not None:
         raise ScaleLongError("give num_tokens (token skips) or skip_channels (feature maps), not both")
     if skip_channels is not None and len(skip_channels) != len(skips):
         raise ScaleLongError(
             f"skip_channels lists {len(skip_channels)} widths for {len(skips)} skips; give one per skip"
         )
+    if shapes is None:  # what the gates' sizes say: (C, ?, ?) maps or (L, ?) tokens
+        if skip_channels is not None:
+            shapes = [(int(c), None, None) for c in skip_channels]
+        else:
+            shapes = [None if num_tokens is None else (num_tokens, None)] * len(skips)
     if kappa is None:
         kappa = DEFAULT_KAPPA["uvit" if num_tokens is not None else "unet"]
     scaling = SkipScaling(
@@ -119,34 +176,52 @@ def install(
     if param is not None:
         scaling.to(device=param.device, dtype=param.dtype)
     model.scalelong = scaling
-    for module, module_specs in specs:
+    for module, module_specs in grouped:
         module.__dict__[_REF] = scaling  # not a submodule: the parameters belong to model.scalelong
         module.__dict__[_SPECS] = module_specs
-        module.__dict__[_HOOK] = module.register_forward_pre_hook(_scale_inputs_hook, with_kwargs=True).id
-    model.__dict__[_TARGETS] = [module for module, _ in specs]
+        module.__dict__[_HOOK] = module.register_forward_pre_hook(_scale_inputs_hook, with_kwargs=True)
+    shapes = tuple(None if s is None else tuple(s) for s in shapes)
+    scaling.declare_sites(
+        [
+            SkipSite(s.module, _input_text(spec), s.channels, shape)
+            for s, spec, shape in zip(*resolved, shapes, strict=True)
+        ]
+    )
+    model.__dict__[_INSTALLED] = Installed(
+        tuple(resolved[0]),
+        num_tokens,
+        None if skip_channels is None else tuple(int(c) for c in skip_channels),
+        shapes,
+    )
     if blocks:
         scaling.watch_blocks(blocks)
     return scaling
 
 
 def remove(model: nn.Module) -> None:
-    """Undo :func:`install`: remove the hooks and ``model.scalelong``."""
-    for module in model.__dict__.pop(_TARGETS):
-        hook_id = module.__dict__.pop(_HOOK)
-        module._forward_pre_hooks.pop(hook_id, None)
-        module._forward_pre_hooks_with_kwargs.pop(hook_id, None)
+    """Undo :func:`install`: remove the hooks (through their handles) and ``model.scalelong``."""
+    installed: Installed = model.__dict__.pop(_INSTALLED)
+    for path in dict.fromkeys(s.module for s in installed.skips):
+        module = model.get_submodule(path)
+        module.__dict__.pop(_HOOK).remove()
         del module.__dict__[_REF], module.__dict__[_SPECS]
     model.scalelong.watch_blocks({})  # a kept reference to the removed module holds no blocks
     del model.scalelong
 
 
-def is_installed(model: nn.Module) -> bool:
-    """Whether :func:`install` put ScaleLong on this very model (not on one that holds it)."""
-    return _TARGETS in model.__dict__
+def installed(model: nn.Module) -> Installed | None:
+    """The declaration :func:`install` put on this very model (not on one that holds it), or None."""
+    return model.__dict__.get(_INSTALLED)
+
+
+def installed_below(model: nn.Module) -> list[tuple[str, nn.Module]]:
+    """(path, submodule) of every module inside ``model`` (itself included, path '') that
+    :func:`install` put ScaleLong on."""
+    return [(path, m) for path, m in model.named_modules() if _INSTALLED in m.__dict__]
 
 
 def is_hooked(model: nn.Module) -> bool:
-    """Whether any submodule of ``model`` carries a ScaleLong skip hook (of any adapter)."""
+    """Whether any submodule of ``model`` carries a ScaleLong skip hook."""
     return any(_HOOK in m.__dict__ for m in model.modules())
 
 
@@ -155,15 +230,15 @@ def is_hooked(model: nn.Module) -> bool:
 
 def _check_not_applied(model: nn.Module, skips: Sequence[SkipInput]) -> None:
     hooked = any(isinstance(s.module, nn.Module) and _HOOK in s.module.__dict__ for s in skips)
-    if is_installed(model) or isinstance(getattr(model, "scalelong", None), SkipScaling) or hooked:
+    if installed(model) or isinstance(getattr(model, "scalelong", None), SkipScaling) or hooked:
         raise ScaleLongError(
             "ScaleLong is already applied to this model (or to a model that holds it); "
             "call remove_scalelong on that model first"
         )
     if find_skip_scaling(model) is not None:
         raise ScaleLongError(
-            f"{type(model).__name__} already holds a SkipScaling (a scalelong backbone): "
-            "choose its method in its config (model.skip.method) instead"
+            f"{type(model).__name__} already holds a SkipScaling (a scalelong backbone, or ScaleLong "
+            "applied to a submodule): choose the method where it was made (skip_method= of the backbone)"
         )
     if hasattr(model, "scalelong"):
         raise ScaleLongError(
@@ -171,30 +246,57 @@ def _check_not_applied(model: nn.Module, skips: Sequence[SkipInput]) -> None:
         )
 
 
-def _resolve(model: nn.Module, skips: Sequence[SkipInput]) -> list[tuple[nn.Module, list[_Spec]]]:
-    """Check every SkipInput and group them by submodule, in declaration order."""
-    members = {id(m) for m in model.modules()}
+def _resolve(
+    model: nn.Module, skips: Sequence[SkipInput]
+) -> tuple[tuple[list[SkipInput], list[_Spec]], list[tuple[nn.Module, list[_Spec]]]]:
+    """Check every SkipInput; return (the declaration with paths, the specs), and the specs grouped
+    by submodule in declaration order."""
+    paths: dict[int, str] = {}
+    for path, m in model.named_modules():
+        paths.setdefault(id(m), path)
     grouped: dict[int, tuple[nn.Module, list[_Spec]]] = {}
-    seen = set()
+    declared, specs, seen = [], [], set()
     for index, skip in enumerate(skips, start=1):
-        module = skip.module
-        if not isinstance(module, nn.Module) or id(module) not in members:
-            raise ScaleLongError(
-                f"skip {index}: SkipInput.module must be a submodule of the model; "
-                f"this {type(module).__name__} is not one"
-            )
+        module, path = _module(model, skip.module, paths, index)
         position, name = _locate(module, skip.arg, index)
         _check_slice(skip, index)
-        key = (id(module), position if position is not None else name, _slice_key(skip.channels), skip.dim)
+        if skip.item is not None and (isinstance(skip.item, bool) or not isinstance(skip.item, int)):
+            raise ScaleLongError(
+                f"skip {index}: SkipInput.item must be an int (a tuple position), got {skip.item!r}"
+            )
+        where = position if position is not None else name
+        key = (id(module), where, skip.item, _slice_key(skip.channels), skip.dim)
         if key in seen:
             raise ScaleLongError(
                 f"skip {index} declares the same input as an earlier skip; list each skip once"
             )
         seen.add(key)
-        grouped.setdefault(id(module), (module, []))[1].append(
-            _Spec(index, position, name, skip.channels, skip.dim)
+        spec = _Spec(index, position, name, skip.channels, skip.dim, skip.item)
+        grouped.setdefault(id(module), (module, []))[1].append(spec)
+        declared.append(skip._replace(module=path))
+        specs.append(spec)
+    return (declared, specs), list(grouped.values())
+
+
+def _module(
+    model: nn.Module, module: nn.Module | str, paths: dict[int, str], index: int
+) -> tuple[nn.Module, str]:
+    """(submodule, its path) for ``SkipInput.module``, a submodule of ``model`` or its path."""
+    if isinstance(module, str):
+        try:
+            found = model.get_submodule(module)
+        except AttributeError:
+            raise ScaleLongError(
+                f"skip {index}: {type(model).__name__} has no submodule {module!r}; give its dotted path "
+                "as model.named_modules() lists it"
+            ) from None
+        return found, module
+    if not isinstance(module, nn.Module) or id(module) not in paths:
+        raise ScaleLongError(
+            f"skip {index}: SkipInput.module must be a submodule of the model or its path; "
+            f"this {type(module).__name__} is not one"
         )
-    return list(grouped.values())
+    return module, paths[id(module)]
 
 
 def _locate(module: nn.Module, arg: int | str, index: int) -> tuple[int | None, str | None]:
@@ -242,6 +344,13 @@ def _slice_key(c: slice | None) -> tuple | None:
     return None if c is None else (c.start, c.stop)
 
 
+def _input_text(spec: _Spec) -> str:
+    """How :func:`scalelong.skips.describe` names the input: ``skip``, ``args[2]``,
+    ``res_hidden_states_tuple[1]``."""
+    text = spec.name if spec.name is not None else f"args[{spec.position}]"
+    return text if spec.item is None else f"{text}[{spec.item}]"
+
+
 # ----------------------------------------------------------------------------- the hook
 
 
@@ -250,10 +359,10 @@ def _scale_inputs_hook(module: nn.Module, args: tuple, kwargs: dict) -> tuple[tu
     scaling: SkipScaling = module.__dict__[_REF]
     for spec in module.__dict__[_SPECS]:
         if spec.position is not None and spec.position < len(args):
-            new = _scaled(scaling, spec, args[spec.position], module)
+            new = _scaled_input(scaling, spec, args[spec.position], module)
             args = (*args[: spec.position], new, *args[spec.position + 1 :])
         elif spec.name is not None and spec.name in kwargs:
-            kwargs = {**kwargs, spec.name: _scaled(scaling, spec, kwargs[spec.name], module)}
+            kwargs = {**kwargs, spec.name: _scaled_input(scaling, spec, kwargs[spec.name], module)}
         else:
             what = spec.name if spec.name is not None else f"at position {spec.position}"
             raise ScaleLongError(
@@ -261,6 +370,25 @@ def _scale_inputs_hook(module: nn.Module, args: tuple, kwargs: dict) -> tuple[tu
                 f"{spec.index}; fix that SkipInput"
             )
     return args, kwargs
+
+
+def _scaled_input(scaling: SkipScaling, spec: _Spec, value: object, module: nn.Module) -> object:
+    """The input with the skip it carries scaled: the tensor itself, or one element of a tuple."""
+    if spec.item is None:
+        return _scaled(scaling, spec, value, module)
+    if not isinstance(value, (tuple, list)):
+        raise ScaleLongError(
+            f"skip {spec.index}: the declared input of {type(module).__name__} is a {type(value).__name__}, "
+            "not a tuple; drop item= or fix that SkipInput"
+        )
+    if not -len(value) <= spec.item < len(value):
+        raise ScaleLongError(
+            f"skip {spec.index}: item {spec.item} of a {len(value)}-element input of "
+            f"{type(module).__name__}; fix that SkipInput"
+        )
+    items = list(value)  # a new sequence: the caller's is left as it was
+    items[spec.item] = _scaled(scaling, spec, value[spec.item], module)
+    return tuple(items) if isinstance(value, tuple) else items
 
 
 def _scaled(scaling: SkipScaling, spec: _Spec, value: object, module: nn.Module) -> torch.Tensor:

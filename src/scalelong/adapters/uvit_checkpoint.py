@@ -19,15 +19,16 @@ error that names it (a warning with ``strict=False``).
 
 from __future__ import annotations
 
-import dataclasses
 import re
 import warnings
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 import torch
 
 from scalelong.errors import ScaleLongError
+from scalelong.models.uvit import UViT
 
 OURS = "skip_scaling."
 # The release's LS gates: se.layer{1,2}.* (shared) or se.{k}.layer{1,2}.* (k-th out-block).
@@ -59,7 +60,7 @@ def map_release_gates(state: dict[str, torch.Tensor], method: str, num_skips: in
     if method != kind:
         raise ScaleLongError(
             f"the checkpoint holds the release's LS gates ({RELEASE_MODE[kind]}, se.*) but the skip "
-            f"method is {method!r}; set the skip method (model.skip.method or skip_method) to {kind!r}"
+            f"method is {method!r}; build the UViT with skip_method={kind!r}"
         )
     out = {k: v for k, v in state.items() if k not in gates}
     for key, m in gates.items():
@@ -91,40 +92,30 @@ def read_state_dict(path: str | Path) -> dict[str, torch.Tensor]:
     return state
 
 
-def load_uvit_checkpoint(path: str | Path, config: Any, strict: bool = True) -> torch.nn.Module:
-    """Build a :class:`UViT` from ``config`` and load a released checkpoint into it.
+def load_uvit_checkpoint(
+    path: str | Path, model: torch.nn.Module | Mapping[str, Any], strict: bool = True
+) -> torch.nn.Module:
+    """Load a released checkpoint into a :class:`UViT`; return the model.
 
     Args:
         path: the checkpoint file (torch state dict or safetensors).
-        config: a :class:`~scalelong.config.ModelConfig` (its ``uvit`` section and skip method),
-            a :class:`~scalelong.config.UViTConfig`, or a dict of ``UViT`` keyword arguments.
+        model: the :class:`~scalelong.models.UViT` to load into, or a dict of ``UViT`` keyword
+            arguments to build it from (its ``skip_method``, ``kappa`` and ``ls_reduction``
+            included). ``scalelong train``'s model config gives them through
+            :func:`scalelong.build.uvit_kwargs`.
         strict: reject checkpoint entries the model does not have (an error naming them);
             ``False`` ignores them with a warning that names them.
 
     Every model parameter must be present with its exact shape, except our LS gates when the
     checkpoint has none; errors list the offending names and shapes.
     """
-    from scalelong.config import ModelConfig, UViTConfig, resolved_kappa
-    from scalelong.models.uvit import UViT
-
-    if isinstance(config, ModelConfig):
-        s = config.skip
-        kwargs = {
-            **vars(config.uvit),
-            "skip_method": s.method,
-            "kappa": resolved_kappa(config),
-            "ls_reduction": s.ls_reduction,
-        }
-    elif isinstance(config, UViTConfig):
-        kwargs = dataclasses.asdict(config)
-    elif isinstance(config, dict):
-        kwargs = dict(config)
-    else:
-        raise ScaleLongError(f"config must be a ModelConfig, UViTConfig or dict, got {type(config).__name__}")
-    try:
-        model = UViT(**kwargs)
-    except TypeError as e:
-        raise ScaleLongError(f"invalid U-ViT config: {e}") from e
+    if isinstance(model, Mapping):
+        try:
+            model = UViT(**model)
+        except TypeError as e:
+            raise ScaleLongError(f"invalid U-ViT arguments: {e}") from e
+    elif not isinstance(model, UViT):
+        raise ScaleLongError(f"model must be a UViT or a dict of UViT arguments, got {type(model).__name__}")
     state = read_state_dict(path)
     try:
         state = map_release_gates(state, model.skip_scaling.method, model.num_skips)
@@ -151,7 +142,7 @@ def load_uvit_checkpoint(path: str | Path, config: Any, strict: bool = True) -> 
         problems.append("unexpected " + _listed(unexpected))
     if problems:
         raise ScaleLongError(
-            f"U-ViT checkpoint {path} does not fit the config ({'; '.join(problems)}); check img_size, "
+            f"U-ViT checkpoint {path} does not fit the model ({'; '.join(problems)}); check img_size, "
             "patch_size, embed_dim, depth, num_classes, context_dim, mlp_time_embed, conv_out, mlp_conv "
             "(the release has none) and the skip method against the release"
         )

@@ -35,7 +35,7 @@ def utransformer_layout(model: nn.Module) -> dict[str, Any]:
     itself. (Called with ``hidden_states_is_embedding=True`` on other tokens, the LS gate raises.)
     """
     c = model.config
-    return {**_skips_and_blocks(model), "num_tokens": (c.sample_size // c.patch_size) ** 2}
+    return _with_tokens(_skips_and_blocks(model), (c.sample_size // c.patch_size) ** 2, c)
 
 
 def unidiffuser_layout(model: nn.Module) -> dict[str, Any]:
@@ -47,7 +47,13 @@ def unidiffuser_layout(model: nn.Module) -> dict[str, Any]:
     c = model.config
     patches = (c.sample_size // c.patch_size) ** 2
     num_tokens = 2 + c.num_text_tokens + 1 + int(bool(c.use_data_type_embedding)) + patches
-    return {**_skips_and_blocks(model.transformer, "transformer."), "num_tokens": num_tokens}
+    return _with_tokens(_skips_and_blocks(model.transformer, "transformer."), num_tokens, c)
+
+
+def _with_tokens(spec: dict[str, Any], num_tokens: int, config: Any) -> dict[str, Any]:
+    """The layout with its token count L and every skip's shape (L, D), D = heads * head width."""
+    width = config.num_attention_heads * config.attention_head_dim
+    return {**spec, "num_tokens": num_tokens, "shapes": [(num_tokens, width)] * len(spec["skips"])}
 
 
 def _skips_and_blocks(transformer: nn.Module, prefix: str = "") -> dict[str, Any]:
