@@ -129,6 +129,11 @@ def test_every_metric_name_is_built_and_parsed_in_one_place():
     assert names.noise("x0", 0.5) == "noise/x0_mse@0.50" and names.noise("eps", 0.05) == "noise/eps_mse@0.05"
     assert names.parse_noise("noise/x0_mse@0.50") == ("x0", 0.5)
     assert names.parse_noise(names.X0_MEAN_IMAGE) is None
+    raw = names.noise("x0", 0.5, weights="raw")
+    assert raw == "noise/raw/x0_mse@0.50" and names.parse_noise(raw, weights="raw") == ("x0", 0.5)
+    assert names.parse_noise(raw) is None and names.parse_noise("noise/x0_mse@0.50", weights="raw") is None
+    assert names.is_absmax("skip/2/absmax_in") and names.is_absmax("block/mid_block/absmax")
+    assert not names.is_absmax("skip/2/norm_in") and not names.is_absmax("absmax")
     assert names.parse_skip("block/x/feature_norm") is None and names.parse_block("skip/1/norm_in") is None
     assert names.parse_skip("skip/one/norm_in") is None
 

@@ -174,6 +174,8 @@ class DiagnosticsConfig:
     spike_factor: float = 3.0  # a loss above this multiple of the window's median is a spike
     noise_levels: int = 256  # held-out images for the denoising error per noise level (noise/*); 0: off
     noise_levels_every: int = 0  # steps between those measurements; 0: with each evaluation and at the end
+    noise_levels_raw: bool = False  # measure the trained weights too (noise/raw/*), beside the EMA's
+    noise_levels_at_start: bool = False  # measure at step 0 too: the untrained model's error
 
 
 @dataclass

@@ -355,8 +355,17 @@ class NoiseLevelProbe:
             self._data = images, conditioning(model, labels.to(self.device)), mean_image_error(images)
         return self._data
 
+    def measure(self, ema: nn.Module, model: nn.Module) -> dict:
+        """The record of one measurement: the EMA weights' errors, and the trained weights' too
+        where ``diagnostics.noise_levels_raw`` asks for them."""
+        record = self(ema)
+        if self.cfg.diagnostics.noise_levels_raw:
+            record |= self(model, weights="raw")
+        return record
+
     @torch.no_grad()
-    def __call__(self, model: nn.Module) -> dict:
+    def __call__(self, model: nn.Module, weights: str = "ema") -> dict:
+        """The errors of ``model`` per noise level, named as ``weights`` (``ema`` or ``raw``) says."""
         images, cond, baseline = self.data(model)
         was_training = model.training
         model.eval()
@@ -366,8 +375,8 @@ class NoiseLevelProbe:
             model.train(was_training)
         record = {metric_names.X0_MEAN_IMAGE: baseline}
         for level, err in errors.items():
-            record[metric_names.noise("eps", level)] = err["eps_mse"]
-            record[metric_names.noise("x0", level)] = err["x0_mse"]
+            record[metric_names.noise("eps", level, weights)] = err["eps_mse"]
+            record[metric_names.noise("x0", level, weights)] = err["x0_mse"]
         return record
 
 

@@ -10,8 +10,9 @@ half (diagnostics) and the application half (plots, studies) can both use it.
 * ``skip/<i>/<stat>``: per long skip, 1 the outermost (``norm_in``, ``coef_mean``, ...);
 * ``block/<name>/<stat>``: per block (``feature_norm``, ``grad_norm``);
 * ``osc/<series>_<stat>``: a sliding-window statistic of a series (``osc/feature_norm_std``);
-* ``noise/<kind>_mse@<level>``: the held-out denoising error at a noise level, kind ``x0`` or
-  ``eps``, and ``noise/x0_mse_mean_image``, the mean image's x0 error;
+* ``noise/<kind>_mse@<level>``: the held-out denoising error of the EMA weights at a noise level,
+  kind ``x0`` or ``eps`` (``noise/raw/<kind>_mse@<level>``: of the trained weights), and
+  ``noise/x0_mse_mean_image``, the mean image's x0 error;
 * ``digits/confident``, ``digits/entropy``: the digit score of an fd-mnist evaluation;
 * ``fp16/headroom``: 65,504 over the largest ``absmax`` / ``absmax_in`` of a logged step.
 """
@@ -34,6 +35,7 @@ ABSMAX_STATS = ("absmax", "absmax_in")  # the largest absolute value of a block'
 _SKIP = re.compile(r"^skip/(\d+)/(\w+)$")
 _BLOCK = re.compile(r"^block/(.+)/(\w+)$")
 _NOISE = re.compile(r"^noise/(eps|x0)_mse@([0-9.]+)$")
+_RAW_NOISE = re.compile(r"^noise/raw/(eps|x0)_mse@([0-9.]+)$")
 
 
 def skip(index: int, stat: str) -> str:
@@ -51,9 +53,10 @@ def osc(series: str, stat: str) -> str:
     return f"osc/{series}_{stat}"
 
 
-def noise(kind: str, level: float) -> str:
-    """``noise/<kind>_mse@<level>`` with the level to two decimals, e.g. ``noise/x0_mse@0.50``."""
-    return f"noise/{kind}_mse@{level:.2f}"
+def noise(kind: str, level: float, weights: str = "ema") -> str:
+    """``noise/<kind>_mse@<level>`` with the level to two decimals, e.g. ``noise/x0_mse@0.50``: the
+    EMA weights' error; ``weights="raw"``: the trained weights', ``noise/raw/x0_mse@0.50``."""
+    return f"noise/{'raw/' if weights == 'raw' else ''}{kind}_mse@{level:.2f}"
 
 
 def parse_skip(name: str) -> tuple[int, str] | None:
@@ -74,7 +77,8 @@ def is_absmax(name: str) -> bool:
     return parsed is not None and parsed[1] in ABSMAX_STATS
 
 
-def parse_noise(name: str) -> tuple[str, float] | None:
-    """``noise/x0_mse@0.50`` -> ``("x0", 0.5)``; None otherwise (the mean-image error included)."""
-    m = _NOISE.match(name)
+def parse_noise(name: str, weights: str = "ema") -> tuple[str, float] | None:
+    """``noise/x0_mse@0.50`` -> ``("x0", 0.5)`` (with ``weights="raw"``: ``noise/raw/x0_mse@0.50``);
+    None otherwise (the mean-image error and the other weights' names included)."""
+    m = (_RAW_NOISE if weights == "raw" else _NOISE).match(name)
     return (m.group(1), float(m.group(2))) if m else None

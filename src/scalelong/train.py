@@ -576,6 +576,11 @@ class Trainer:
         bar = tqdm(
             total=t.steps, initial=self.step, disable=not (progress and self.acc.is_main_process), unit="step"
         )
+        if self.step == 0 and self.noise_probe is not None and self.cfg.diagnostics.noise_levels_at_start:
+            # the untrained model's error: what a study caps a diverged or worse-than-initial run at
+            start = self.noise_probe.measure(self.ema, self.unwrapped)
+            if tracker is not None:
+                tracker.log({"step": 0, **start})
         window = self._new_window()
         t_last, steps_since, last_loss, samples = time.perf_counter(), 0, float("nan"), None
         checkpoint = self.run.checkpoint(self.step)
@@ -597,7 +602,7 @@ class Trainer:
                 if self.evaluator is not None and self.evaluator.due(step):
                     extra.update(self.evaluator(step, self.ema))
                 if self.noise_probe is not None and self.noise_probe.due(step):
-                    extra.update(self.noise_probe(self.ema))
+                    extra.update(self.noise_probe.measure(self.ema, self.unwrapped))
                 for hook in self.metric_hooks:
                     extra.update(hook(step, self))
                 if step % t.log_every == 0 or step == t.steps:
