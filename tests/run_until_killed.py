@@ -22,10 +22,10 @@ def wait_after(at_step: int, step: int, trainer) -> None:
 def waiting_run_all(run_all, at_step: int):
     """``run_all`` whose runs all carry the :func:`wait_after` hook."""
 
-    def wrapped(cfgs, jobs=1, progress=True, train_kwargs=None):
+    def wrapped(cfgs, jobs=1, progress=True, train_kwargs=None, **options):
         kwargs = dict(train_kwargs or {})
         kwargs["step_hooks"] = [*kwargs.get("step_hooks", []), functools.partial(wait_after, at_step)]
-        return run_all(cfgs, jobs, progress, kwargs)
+        return run_all(cfgs, jobs, progress, kwargs, **options)
 
     return wrapped
 

@@ -328,11 +328,22 @@ def cmd_compare(args: argparse.Namespace) -> int:
     cfg = load_config(args.config, overrides)
     # Beside, not inside, the single-run folder of the same name: train --overwrite must not delete it.
     report_dir = Path(cfg.out_dir) / f"{cfg.name}-compare" if args.out is None else Path(args.out)
+    cluster = _cluster_options(args)
+    cfgs = comparison_configs(cfg, methods, args.seeds, report_dir)
     if args.dry_run:
-        return _print_plan(comparison_configs(cfg, methods, args.seeds, report_dir), report_dir)
+        return _print_plan(cfgs, report_dir, args, cluster)
+    if args.report_only:
+        from scalelong.compare import report_comparison
+
+        report, table = report_comparison(cfg, methods, args.seeds, report_dir)
+        print(f"\n{table}\n")
+        return _partial_report(cfgs, report)
     result = run_comparison(
-        cfg, methods, args.seeds, report_dir, progress=not args.no_progress, jobs=args.jobs
-    )
+        cfg, methods, args.seeds, report_dir, progress=not args.no_progress, jobs=args.jobs,
+        gpus_per_run=args.gpus_per_run, cluster=cluster,
+    )  # fmt: skip
+    if not result.reported:
+        return _report_paths(result)
     print(f"\n{result.table}\n")
     if result.legend:  # e.g. the digit score, with the real digits' values as the yardstick
         print(textwrap.fill(result.legend, 100) + "\n")
@@ -341,27 +352,81 @@ def cmd_compare(args: argparse.Namespace) -> int:
     return _report_paths(result)
 
 
-def _print_plan(cfgs, folder: Path) -> int:
+def _cluster_options(args: argparse.Namespace):
+    """The study's ``--executor`` and what goes with it: None for this machine's pool."""
+    if args.executor == "pool":
+        given = [f for f in ("partition", "time", "sbatch", "setup", "no_wait") if getattr(args, f)]
+        if given:
+            flag = "--" + given[0].replace("_", "-")
+            raise ScaleLongError(f"{flag} is for --executor slurm (or local), not this machine's pool")
+        return None
+    from scalelong.studies.cluster import ClusterOptions, parse_sbatch, parse_time
+
+    return ClusterOptions(
+        executor=args.executor,
+        partition=args.partition,
+        time_min=parse_time(args.time or "4:00:00"),
+        sbatch=parse_sbatch(args.sbatch or []),
+        setup=tuple(args.setup or ()),
+        wait=not args.no_wait,
+    )
+
+
+def _print_plan(cfgs, folder: Path, args: argparse.Namespace | None = None, cluster=None) -> int:
     """``--dry-run`` of a study: check every run as the study would before its first, print the
-    runs and the resolved config of the first (model, skips, data, as ``train --dry-run``); write
-    nothing."""
-    from scalelong.studies.running import check_plan, plan_table
+    runs, where they would train, and the resolved config of the first (model, skips, data, as
+    ``train --dry-run``); write nothing."""
+    from scalelong.studies.running import check_plan, placement_line, plan_table
 
     check_plan(cfgs)
     print(f"{len(cfgs)} runs in {folder / 'runs'}; report in {folder}")
     print(plan_table(cfgs))
+    if args is not None:
+        print("\n" + placement_line(cfgs, args.jobs, args.gpus_per_run, cluster))
+        if cluster is not None:
+            print(f"job folder: {cluster.job_folder(folder / 'runs')}")
     print(f"\nthe config of {cfgs[0].name} (the other runs differ only where the table says):\n")
     return _print_info(cfgs[0], dry_run=True)
 
 
+def _partial_report(cfgs, report: Path) -> int:
+    """``--report-only``: where the report of the finished runs is, and what the rest are doing."""
+    from collections import Counter
+
+    from scalelong.studies.running import plan_table
+
+    actions = Counter(line.rsplit(None, 1)[-1] for line in plan_table(cfgs).splitlines()[1:])
+    done = actions.pop("reuse", 0)
+    print(f"report: {report}")
+    print(f"        {report.with_suffix('.html')}")
+    rest = ", ".join(f"{n} {a}" for a, n in sorted(actions.items()))
+    print(f"{done} of {len(cfgs)} runs finished" + (f"; the others: {rest}" if rest else ""))
+    return 0
+
+
 def _report_paths(result) -> int:
-    """Print where a study's report is; runs that failed make it a user error (exit 2)."""
-    print(f"report: {result.report}")
-    print(f"        {result.report.with_suffix('.html')}")
+    """Print where a study's report is; runs that failed, or that did not finish on a cluster,
+    make it a user error (exit 2). Jobs submitted without waiting: how to read them later."""
+    submitted = [o for o in result.outcomes if o.status == "submitted"]
+    if submitted:
+        print(
+            f"{len(submitted)} runs submitted; the same command with --report-only writes the report of "
+            "whatever has finished (any time), and the same command again resubmits what did not finish"
+        )
+        return 0
+    if result.reported:
+        print(f"report: {result.report}")
+        print(f"        {result.report.with_suffix('.html')}")
     if result.failed:
         raise ScaleLongError(
             f"{len(result.failed)} of {len(result.outcomes)} runs failed (listed above and in the report); "
             "fix the cause and re-run the same command: finished runs are reused"
+        )
+    if result.unfinished:
+        raise ScaleLongError(
+            f"{len(result.unfinished)} of {len(result.outcomes)} runs did not finish (their jobs ended "
+            "early or are still running, listed above); the report holds the finished ones; re-run the "
+            "same command to resume the rest from their last checkpoints"
         )
     return 0
 
@@ -377,13 +442,20 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     depths = parse_numbers(args.depths, "--depths", int) if args.depths else None
     cfg = load_config(args.config, args.overrides)
     sweep_dir = Path(cfg.out_dir) / f"{args.name or cfg.name}-sweep"
+    cluster = _cluster_options(args)
+    cfgs = plan(cfg, methods, lrs, depths, args.seeds, sweep_dir / "runs")
     if args.dry_run:
-        return _print_plan(plan(cfg, methods, lrs, depths, args.seeds, sweep_dir / "runs"), sweep_dir)
+        return _print_plan(cfgs, sweep_dir, args, cluster)
+    if args.report_only:
+        from scalelong.sweep import report_sweep
+
+        return _partial_report(cfgs, report_sweep(cfg, sweep_dir, fig1_lr=args.fig1_lr))
     result = run_sweep(
         cfg, methods, lrs, depths, args.seeds, sweep_dir, jobs=args.jobs, progress=not args.no_progress,
-        fig1_lr=args.fig1_lr,
+        fig1_lr=args.fig1_lr, gpus_per_run=args.gpus_per_run, cluster=cluster,
     )  # fmt: skip
-    print(f"\n{result.table}\n")
+    if result.reported:
+        print(f"\n{result.table}\n")
     return _report_paths(result)
 
 
@@ -425,13 +497,54 @@ def cmd_analyze(args: argparse.Namespace) -> int:
     return 0
 
 
-def _add_jobs_arg(p: argparse.ArgumentParser) -> None:
+def _add_execution_args(p: argparse.ArgumentParser) -> None:
+    """Where a study's runs train: this machine (``--jobs``, ``--gpus-per-run``) or a cluster."""
     p.add_argument(
         "--jobs",
         type=int,
+        default=None,
+        help="runs trained at a time, in worker processes that divide the cores, each on its own "
+        "GPU(s) where there are GPUs (default 1: one after another in this process); with "
+        "--executor slurm, the most jobs running at once (default: no cap)",
+    )
+    p.add_argument(
+        "--gpus-per-run",
+        type=_count(1),
         default=1,
-        help="runs trained at a time, in worker processes that divide the cores (default 1: one "
-        "after another in this process)",
+        help="GPUs of each run, one process per GPU through Accelerate (default 1)",
+    )
+    p.add_argument(
+        "--report-only",
+        action="store_true",
+        help="train nothing: write the report of the runs that have finished (while jobs still run)",
+    )
+    c = p.add_argument_group("a cluster (see the docs page 'Running a study on a cluster')")
+    c.add_argument(
+        "--executor",
+        choices=("pool", "slurm", "local"),
+        default="pool",
+        help="pool (default): this machine; slurm: each run a SLURM job, through submitit "
+        "(pip install 'scalelong[slurm]'); local: the same jobs as processes of this machine",
+    )
+    c.add_argument("--partition", default=None, help="sbatch --partition (default: the cluster's)")
+    c.add_argument(
+        "--time", default=None, help="each job's time limit, sbatch's --time (default 4:00:00; a run "
+        "that needs longer is requeued and resumes)"
+    )  # fmt: skip
+    c.add_argument(
+        "--sbatch",
+        action="append",
+        metavar="KEY=VALUE",
+        help="another sbatch parameter, e.g. --sbatch account=proj --sbatch cpus-per-task=8 (repeatable)",
+    )
+    c.add_argument(
+        "--setup", action="append", metavar="CMD", help="a shell line each job runs first, e.g. "
+        "'module load cuda' (repeatable)"
+    )  # fmt: skip
+    c.add_argument(
+        "--no-wait",
+        action="store_true",
+        help="submit and return; --report-only later writes the report of what has finished",
     )
 
 
@@ -455,7 +568,7 @@ def _add_study_commands(sub) -> None:
         action="store_true",
         help="check every run, print them and the resolved config of the first, then exit (nothing written)",
     )
-    _add_jobs_arg(p)
+    _add_execution_args(p)
     p.add_argument("--no-progress", action="store_true", help="no progress bars")
     p.set_defaults(func=cmd_compare)
 
@@ -485,7 +598,7 @@ def _add_study_commands(sub) -> None:
         action="store_true",
         help="check every run, print them and the resolved config of the first, then exit (nothing written)",
     )
-    _add_jobs_arg(p)
+    _add_execution_args(p)
     p.add_argument("--no-progress", action="store_true", help="no progress bars")
     p.set_defaults(func=cmd_sweep)
 

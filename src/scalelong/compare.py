@@ -20,12 +20,14 @@ import statistics
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from scalelong import metric_names as names
 from scalelong.config import Config
 from scalelong.errors import ScaleLongError
 from scalelong.fd_mnist import real_digit_score
 from scalelong.plots import Records, plot_digit_score, series, write_plots
+from scalelong.runs import RunDir
 from scalelong.studies.divergence import DEFAULT_RULE, criteria
 from scalelong.studies.reading import reading
 from scalelong.studies.report import (
@@ -38,7 +40,7 @@ from scalelong.studies.report import (
     sample_grid_section,
     write_markdown_report,
 )
-from scalelong.studies.running import StudyResult, run_all
+from scalelong.studies.running import StudyResult, concluded, run_all
 from scalelong.studies.statistics import fmt_ci, fmt_contrast
 from scalelong.studies.summary import (
     MethodSummary,
@@ -48,6 +50,9 @@ from scalelong.studies.summary import (
     read_run,
     summarise_run,
 )
+
+if TYPE_CHECKING:
+    from scalelong.studies.cluster import ClusterOptions
 
 
 @dataclass
@@ -171,13 +176,27 @@ def run_comparison(
     seeds: int,
     report_dir: Path,
     progress: bool = True,
-    jobs: int = 1,
+    jobs: int | None = 1,
     train_kwargs: Mapping | None = None,
+    gpus_per_run: int = 1,
+    cluster: ClusterOptions | None = None,
 ) -> StudyResult:
-    """Train every method for every seed (reusing finished runs; ``jobs`` at a time) and write
-    the report. Runs that diverge or fail are recorded in it; the others are trained all the same."""
+    """Train every method for every seed (reusing finished runs; ``jobs`` at a time,
+    ``gpus_per_run`` GPUs each where there are GPUs, or as a cluster's jobs:
+    :func:`scalelong.studies.running.run_all`) and write the report. Runs that diverge or fail
+    are recorded in it; the others are trained all the same. A run whose job ended before it
+    did is left out of the report, as is every run when the jobs were submitted without waiting
+    (``cluster.wait`` False: :func:`report_comparison` writes the report later)."""
     cfgs = comparison_configs(base, methods, seeds, report_dir)
-    outcomes = run_all(cfgs, jobs, progress, train_kwargs)
+    outcomes = run_all(cfgs, jobs, progress, train_kwargs, gpus_per_run=gpus_per_run, cluster=cluster)
+    if any(o.status == "submitted" for o in outcomes):
+        return StudyResult(report_dir / "report.md", "", outcomes, reported=False)
+    if any(o.unfinished for o in outcomes):  # what has finished, as --report-only reads it
+        try:
+            report, table = report_comparison(base, methods, seeds, report_dir)
+        except ScaleLongError:  # the baseline has no finished run yet
+            return StudyResult(report_dir / "report.md", "", outcomes, reported=False)
+        return StudyResult(report, table, outcomes)
     studies: dict[str, list[StudyRun]] = {m: [] for m in methods}
     for cfg, outcome in zip(cfgs, outcomes, strict=True):
         error = outcome.message if outcome.status == "failed" else ""
@@ -186,6 +205,23 @@ def run_comparison(
     legend = digit_legend(markdown=False) if DIGIT_HEADER in table else ""
     text = reading(summarise(studies, methods[0]), methods[0], base.eval.every, base.train.steps, seeds)
     return StudyResult(report, table, outcomes, legend, text)
+
+
+def report_comparison(base: Config, methods: Sequence[str], seeds: int, report_dir: Path) -> tuple[Path, str]:
+    """Write the report of the comparison's runs that have concluded, without training: while a
+    cluster's jobs are still running, or after a study cut short. Methods with no concluded run
+    are left out; the baseline (``methods[0]``) needs one. Returns report.md's path and the table."""
+    studies: dict[str, list[StudyRun]] = {}
+    for cfg in comparison_configs(base, methods, seeds, report_dir):
+        if concluded(RunDir(cfg.run_dir)):
+            studies.setdefault(cfg.model.skip.method, []).append(read_run(cfg.run_dir))
+    if methods[0] not in studies:
+        raise ScaleLongError(
+            f"no run of the baseline {methods[0]!r} has finished in {report_dir / 'runs'}: "
+            "nothing to report yet"
+        )
+    ordered = {m: studies[m] for m in methods if m in studies}
+    return write_report(ordered, methods[0], report_dir, base)
 
 
 def write_report(

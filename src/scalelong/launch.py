@@ -7,7 +7,10 @@ nodes. Each process then builds its :func:`make_accelerator` from the config.
 Studies (``scalelong compare``, ``scalelong sweep``) run many independent runs: one after
 another, or ``--jobs J`` at a time with :func:`pool_map`, whose workers divide the machine's
 cores among them (:func:`share_cores`) so that J runs never ask for more threads than there are
-cores. Torch processes that each take every core slow each other down many times over.
+cores. Torch processes that each take every core slow each other down many times over. On a
+machine with GPUs, :func:`place_runs` gives each worker its own GPU (or a group of G, for runs
+that span G GPUs through Accelerate's processes) through ``CUDA_VISIBLE_DEVICES``, set in the
+spawned worker before anything in it touches CUDA.
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from contextlib import contextmanager
+from dataclasses import dataclass
 from multiprocessing import get_context
 
 import torch
@@ -123,21 +127,30 @@ def sigterm_as_interrupt() -> Iterator[None]:
         signal.signal(signal.SIGTERM, previous)
 
 
-def launch_processes(n: int, cli_args: list[str]) -> int:
+def launch_processes(n: int, cli_args: list[str], ignore_signals: Sequence[int] = ()) -> int:
     """Run ``python -m scalelong.cli <cli_args>`` as ``n`` processes of one machine (what
     ``torchrun --nproc-per-node n`` does); Accelerate picks them up from the environment.
 
     Multi-node runs use ``accelerate launch`` directly. When one process fails, the others are
-    stopped; the exit code is the first failure's.
+    stopped; the exit code is the first failure's. When this process is interrupted (Ctrl-C,
+    SIGTERM under :func:`sigterm_as_interrupt`), each process gets SIGTERM and a minute to end its
+    run cleanly before it is killed. ``ignore_signals``: signals the processes ignore (a
+    scheduler's warning signal, which only the process that launched them acts on).
     """
     with socket.socket() as s:  # a free port for the process group's rendezvous
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
+
+    def ignore() -> None:  # in the child, before it runs Python: SIG_IGN survives exec
+        for signum in ignore_signals:
+            signal.signal(signum, signal.SIG_IGN)
+
     procs = []
     for rank in range(n):
         env = dict(os.environ, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), WORLD_SIZE=str(n))
         env.update(RANK=str(rank), LOCAL_RANK=str(rank), LOCAL_WORLD_SIZE=str(n))
-        procs.append(subprocess.Popen([sys.executable, "-m", "scalelong.cli", *cli_args], env=env))
+        command = [sys.executable, "-m", "scalelong.cli", *cli_args]
+        procs.append(subprocess.Popen(command, env=env, preexec_fn=ignore if ignore_signals else None))
     code = 0
     try:
         while any(p.poll() is None for p in procs):
@@ -151,8 +164,14 @@ def launch_processes(n: int, cli_args: list[str]) -> int:
     finally:
         for p in procs:
             if p.poll() is None:
+                p.terminate()  # SIGTERM: each process ends its run the clean way (train.train)
+        deadline = time.monotonic() + 60
+        for p in procs:
+            try:
+                p.wait(timeout=max(0.0, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
                 p.kill()
-            p.wait()
+                p.wait()
     return code or max(p.returncode for p in procs)
 
 
@@ -185,7 +204,83 @@ def share_cores(jobs: int, cores: int | None = None) -> tuple[int, int]:
     return jobs, max(1, cores // jobs)
 
 
-def _init_worker(threads: int) -> None:
+def visible_gpus() -> list[str]:
+    """The GPUs this process may use, each named as ``CUDA_VISIBLE_DEVICES`` names it to a child
+    process (an index, or the UUID where the variable lists UUIDs); [] without CUDA. The one place
+    the pool learns the machine's GPUs (tests fake it here)."""
+    if not torch.cuda.is_available():  # counts the devices; creates no CUDA context
+        return []
+    count = torch.cuda.device_count()
+    listed = os.environ.get("CUDA_VISIBLE_DEVICES")
+    names = [d.strip() for d in listed.split(",")] if listed else [str(i) for i in range(count)]
+    return names[:count]
+
+
+@dataclass(frozen=True)
+class Placement:
+    """Where a study's runs train on this machine: ``workers`` at a time, each with ``threads``
+    torch threads and, on a machine with GPUs, its own ``CUDA_VISIBLE_DEVICES`` (``gpus``, one
+    entry per worker: ``"3"``, or ``"0,1"`` for a run on two GPUs through Accelerate's processes)."""
+
+    workers: int
+    threads: int
+    gpus: tuple[str, ...] = ()
+    gpus_per_run: int = 1
+
+    def __str__(self) -> str:
+        """The plan line: ``4 workers, one GPU each: 0, 1, 2, 3``."""
+        g = self.gpus_per_run
+        if not self.gpus:
+            if self.workers == 1:
+                return "one run at a time in this process, on the CPU"
+            return f"{self.workers} workers on the CPU, {self.threads} torch thread(s) each"
+        if self.workers == 1:
+            where = f"GPU {self.gpus[0]}" if g == 1 else f"GPUs {self.gpus[0]} ({g} processes, Accelerate)"
+            return f"one run at a time{' in this process' if g == 1 else ''}, on {where}"
+        each = "one GPU each" if g == 1 else f"{g} GPUs each (one process per GPU, through Accelerate)"
+        return f"{self.workers} workers, {each}: {(' | ' if g > 1 else ', ').join(self.gpus)}"
+
+
+def place_runs(jobs: int, gpus_per_run: int = 1, device: str = "auto", runs: int | None = None) -> Placement:
+    """Where ``runs`` runs (None: any number) of ``train.device`` ``device`` train, ``jobs`` at a time.
+
+    On the CPU (``device`` cpu, or no GPU visible): the cores are divided (:func:`share_cores`).
+    With GPUs (:func:`visible_gpus`): worker k gets GPUs k*G .. k*G + G - 1 of the visible ones,
+    G = ``gpus_per_run``, and the cores are divided among the workers as on the CPU. Asking for
+    more GPUs than are visible, or for GPUs where there are none, is one error line.
+    """
+    if jobs < 1:
+        raise ScaleLongError(f"--jobs must be >= 1, got {jobs}")
+    if gpus_per_run < 1:
+        raise ScaleLongError(f"--gpus-per-run must be >= 1, got {gpus_per_run}")
+    gpus = visible_gpus() if device != "cpu" else []
+    if not gpus:
+        if device == "cuda":
+            raise ScaleLongError("train.device=cuda but no GPU is visible here; use train.device=auto or cpu")
+        if gpus_per_run > 1:
+            raise ScaleLongError(
+                f"--gpus-per-run {gpus_per_run}: no GPU is visible here (train.device={device}); "
+                "on the CPU --jobs divides the cores instead"
+            )
+        workers = min(share_cores(jobs)[0], runs if runs else jobs)
+        return Placement(workers, share_cores(workers)[1] if workers > 1 else torch.get_num_threads())
+    need = jobs * gpus_per_run
+    if need > len(gpus):
+        asked = f"--jobs {jobs}" + (f" x --gpus-per-run {gpus_per_run}" if gpus_per_run > 1 else "")
+        raise ScaleLongError(
+            f"{asked} asks for {need} GPUs; {len(gpus)} are visible here ({', '.join(gpus)}): "
+            f"lower --jobs to {len(gpus) // gpus_per_run or 1}"
+            + (" or --gpus-per-run" if gpus_per_run > 1 else "")
+        )
+    workers = min(jobs, runs if runs else jobs)
+    threads = max(1, cpu_cores() // workers) if workers > 1 else torch.get_num_threads()
+    groups = tuple(",".join(gpus[k * gpus_per_run : (k + 1) * gpus_per_run]) for k in range(workers))
+    return Placement(workers, threads, groups, gpus_per_run)
+
+
+def _init_worker(threads: int, devices=None) -> None:
+    if devices is not None:  # this worker's GPUs, before anything in it initialises CUDA
+        os.environ["CUDA_VISIBLE_DEVICES"] = devices.get(timeout=60)
     # Before any torch work of the worker: intra-op and inter-op pools both sized to its share.
     torch.set_num_threads(threads)
     signal.signal(signal.SIGINT, _interrupt)  # Ctrl-C reaches the workers too: no next item after it
@@ -209,20 +304,26 @@ def _end_with_parent(parent: int, every: float = 1.0) -> None:
 
 
 def pool_map(
-    fn: Callable, args: Sequence[tuple], jobs: int = 1, threads: int | None = None
+    fn: Callable,
+    args: Sequence[tuple],
+    jobs: int = 1,
+    threads: int | None = None,
+    gpus: Sequence[str] = (),
 ) -> Iterator[tuple[int, object]]:
     """``(i, fn(*args[i]))`` for every i, in the order they finish.
 
     ``jobs`` 1: one after another in this process, its thread settings untouched. ``jobs`` > 1:
     that many spawned worker processes (at most one per core and per item), each with ``threads``
     torch threads (default: its share of the cores, :func:`share_cores`); ``fn`` and ``args`` must
-    then pickle. An exception ends only its own item: it is yielded in place of the result and
+    then pickle. ``gpus``: one ``CUDA_VISIBLE_DEVICES`` value per worker (:class:`Placement`),
+    set in each worker before it runs anything, so worker k sees only its own GPUs as ``cuda:0``
+    (, ``cuda:1``, ...). An exception ends only its own item: it is yielded in place of the result and
     the other items go on. Ctrl-C, SIGTERM (to this process alone, as a job scheduler sends it) or
     the caller's own exception ends them all: items not started are cancelled and every worker
     gets SIGTERM, so a run in flight ends the way an interrupted run does (its last complete
     checkpoint kept), and no worker outlives the pool.
     """
-    workers = min(share_cores(jobs)[0], len(args))
+    workers = min(share_cores(jobs)[0], len(args), *([len(gpus)] if gpus else []))
     if workers <= 1:
         for i, a in enumerate(args):
             try:
@@ -230,11 +331,17 @@ def pool_map(
             except Exception as e:  # one item's failure is its result
                 yield i, e
         return
+    context = get_context("spawn")  # no fork of a process that already runs torch threads
+    devices = None
+    if gpus:  # each worker takes one entry as it starts; the executor starts exactly `workers`
+        devices = context.Queue()
+        for entry in gpus[:workers]:
+            devices.put(entry)
     pool = ProcessPoolExecutor(
         workers,
-        mp_context=get_context("spawn"),  # no fork of a process that already runs torch threads
+        mp_context=context,
         initializer=_init_worker,
-        initargs=(threads or share_cores(workers)[1],),
+        initargs=(threads or share_cores(workers)[1], devices),
     )
     try:
         with sigterm_as_interrupt():

@@ -20,6 +20,7 @@ import json
 import math
 from collections.abc import Mapping, Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from scalelong import metric_names as names
 from scalelong.config import (
@@ -58,6 +59,9 @@ from scalelong.studies.summary import (
     read_run,
     summarise_cells,
 )
+
+if TYPE_CHECKING:
+    from scalelong.studies.cluster import ClusterOptions
 
 
 def parse_numbers(text: str, flag: str, kind: type = float) -> list:
@@ -441,20 +445,26 @@ def run_sweep(
     depths: Sequence[int] | None,
     seeds: int,
     sweep_dir: Path,
-    jobs: int = 1,
+    jobs: int | None = 1,
     progress: bool = True,
     train_kwargs: Mapping | None = None,
     rule: DivergenceRule = DEFAULT_RULE,
     fig1_lr: float | None = None,
+    gpus_per_run: int = 1,
+    cluster: ClusterOptions | None = None,
 ) -> StudyResult:
-    """Train every cell's seeds (reusing finished runs; ``jobs`` at a time), then write the map
-    of every finished run of this config in ``sweep_dir``. A diverged run is a result; a run
-    that fails is reported and left out. ``fig1_lr``: the lr of the report's Fig. 1 (one of
-    ``lrs``; None: the smallest)."""
+    """Train every cell's seeds (reusing finished runs; ``jobs`` at a time, ``gpus_per_run`` GPUs
+    each where there are GPUs, or as a cluster's jobs: :func:`scalelong.studies.running.run_all`),
+    then write the map of every finished run of this config in ``sweep_dir``. A diverged run is
+    a result; a run that fails is reported and left out. ``fig1_lr``: the lr of the report's
+    Fig. 1 (one of ``lrs``; None: the smallest). Jobs submitted without waiting
+    (``cluster.wait`` False) write no report: :func:`report_sweep` writes it later."""
     check_fig1_lr(fig1_lr, lrs)
     runs_dir = sweep_dir / "runs"
     cfgs = plan(base, methods, lrs, depths, seeds, runs_dir)
-    outcomes = run_all(cfgs, jobs, progress, train_kwargs)
+    outcomes = run_all(cfgs, jobs, progress, train_kwargs, gpus_per_run=gpus_per_run, cluster=cluster)
+    if any(o.status == "submitted" for o in outcomes):
+        return StudyResult(sweep_dir / "report.md", "", outcomes, reported=False)
     failed = [
         read_run(c.run_dir, error=o.message)
         for c, o in zip(cfgs, outcomes, strict=True)

@@ -4,26 +4,36 @@ trained one after another or ``jobs`` at a time, reused once it has concluded.
 A run that diverges is a result, never an abort: :func:`run_all` finishes the other runs, and a
 run that fails is reported in one line. Finished runs of the same config are reused, so
 re-running a study resumes it; ``jobs`` > 1 trains that many runs at a time in worker processes
-that divide the cores (:func:`scalelong.launch.pool_map`).
+that divide the cores, each on its own GPU where there are GPUs
+(:func:`scalelong.launch.place_runs`, :func:`scalelong.launch.pool_map`); with a
+:class:`~scalelong.studies.cluster.ClusterOptions` every run is a job of a cluster's scheduler
+(:mod:`scalelong.studies.cluster`). Either way the run directory is the unit of truth: what
+finished is reused, what was interrupted resumes from its last checkpoint.
 """
 
 from __future__ import annotations
 
 import copy
 import sys
-from collections.abc import Iterable, Mapping, Sequence
+import tempfile
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 
 from scalelong.build import check_models
-from scalelong.config import Config, config_to_dict, read_yaml, validate
+from scalelong.config import Config, config_to_dict, read_yaml, save_config, validate
 from scalelong.errors import ScaleLongError
-from scalelong.launch import PoolStopped, pool_map
+from scalelong.launch import PoolStopped, launch_processes, place_runs, pool_map
+from scalelong.lock import lock_state
 from scalelong.runs import RunDir, config_differences
 from scalelong.skips import METHODS
 from scalelong.train import TrainingInterrupted, TrainingStopped, train
+
+if TYPE_CHECKING:
+    from scalelong.studies.cluster import ClusterOptions
 
 # Keys that do not change what a run computes: a finished run that differs only in them is reused.
 STUDY_FREE_KEYS = (
@@ -45,9 +55,17 @@ class RunOutcome:
     """What became of one run of a study."""
 
     name: str
-    status: str  # trained | stopped (the non-finite policy) | reused | failed
+    # trained | stopped (the non-finite policy) | reused | failed; on a cluster also interrupted
+    # (its job ended before the run did: it resumes when the study is run again), submitted
+    # (--no-wait) and running (a job of an earlier submission has it)
+    status: str
     message: str = ""  # one line: where it stopped, or why it failed
     threads: int = 0  # torch threads it trained with (0: not trained now)
+
+    @property
+    def unfinished(self) -> bool:
+        """Whether the run is still to be (or being) trained: interrupted, submitted or running."""
+        return self.status in ("interrupted", "submitted", "running")
 
 
 def concluded(run: RunDir) -> bool:
@@ -78,9 +96,21 @@ def check_run_dirs(cfgs: Iterable[Config]) -> None:
             raise ScaleLongError(f"{run} exists but holds no run (no config.yaml); remove it or rename")
 
 
-def train_run(cfg: Config, progress: bool = False, train_kwargs: Mapping | None = None) -> RunOutcome:
+def train_run(
+    cfg: Config,
+    progress: bool = False,
+    train_kwargs: Mapping | None = None,
+    processes: int = 1,
+    ignore_signals: Sequence[int] = (),
+) -> RunOutcome:
     """Train one run of a study, here or in a worker: its outcome, never an exception (but an
-    interrupt). ``train_kwargs`` go to :func:`scalelong.train.train` (hooks)."""
+    interrupt). ``train_kwargs`` go to :func:`scalelong.train.train` (hooks). ``processes`` > 1:
+    the run spans that many processes of this machine (one per visible GPU, through Accelerate),
+    started as ``scalelong train --num-processes`` starts them (:func:`train_in_processes`)."""
+    if processes > 1:
+        if train_kwargs:
+            raise ScaleLongError("hooks (train_kwargs) reach only a run trained in this process")
+        return train_in_processes(cfg, processes, ignore_signals)
     threads = torch.get_num_threads()
     try:
         train(cfg, progress=progress, **dict(train_kwargs or {}))
@@ -94,32 +124,156 @@ def train_run(cfg: Config, progress: bool = False, train_kwargs: Mapping | None 
     return RunOutcome(cfg.name, "trained", "", threads)
 
 
+def train_in_processes(cfg: Config, processes: int, ignore_signals: Sequence[int] = ()) -> RunOutcome:
+    """One run on ``processes`` processes of this machine (``scalelong train CONFIG
+    --num-processes N``, its config written to a temporary file); the outcome is read back from
+    the run's summary.json. An interrupted run raises :class:`TrainingInterrupted`, as in-process."""
+    with tempfile.TemporaryDirectory(prefix="scalelong-run-") as tmp:
+        path = Path(tmp) / "config.yaml"
+        save_config(cfg, path)
+        code = launch_processes(processes, ["train", str(path), "--no-progress"], ignore_signals)
+    summary = RunDir(cfg.run_dir).summary or {}
+    status, error = summary.get("status"), " ".join(str(summary.get("error") or "").split())
+    if code == 0 and status == "complete":
+        return RunOutcome(cfg.name, "trained", "", torch.get_num_threads())
+    if status == "stopped" and "stopped" in summary:
+        stopped = summary["stopped"]
+        return RunOutcome(cfg.name, "stopped", f"stopped at step {stopped['step']} ({stopped['kind']})")
+    if status == "interrupted":
+        raise TrainingInterrupted(error or f"{cfg.name} was interrupted")
+    return RunOutcome(cfg.name, "failed", error or f"its {processes} processes ended with exit code {code}")
+
+
+def train_job(cfg: Config, train_kwargs: Mapping | None = None, processes: int = 1) -> RunOutcome:
+    """:func:`train_run` as a scheduler's job runs it: a run that was interrupted (its job
+    pre-empted, at its time limit, cancelled) is an outcome, ``interrupted``, which submitting the
+    study again resumes; the processes of a run on several GPUs ignore the scheduler's warning
+    signal, which this process acts on for them."""
+    from scalelong.studies.cluster import warning_signal
+
+    try:
+        return train_run(cfg, False, train_kwargs, processes, ignore_signals=(warning_signal(),))
+    except TrainingInterrupted as e:
+        return RunOutcome(cfg.name, "interrupted", " ".join(str(e).split()), torch.get_num_threads())
+
+
+def _submit(
+    cfgs: Sequence[Config],
+    todo: list[int],
+    outcomes: dict[int, RunOutcome],
+    cluster: ClusterOptions,
+    jobs: int | None,
+    gpus_per_run: int,
+    train_kwargs: Mapping | None,
+) -> tuple[list[int], Iterator[tuple[int, object]]]:
+    """Submit the runs ``todo`` of ``cfgs`` as jobs (:func:`scalelong.studies.cluster.job_map`),
+    but those a job of an earlier submission still has, or a live process trains (its lock):
+    those go into ``outcomes`` as ``running``. Returns the submitted indices and their outcomes
+    as they come, in the order of the indices."""
+    from scalelong.launch import cpu_cores
+    from scalelong.lock import holder
+    from scalelong.studies.cluster import JobEnded, active_jobs, job_map
+
+    folder = cluster.job_folder(Path(cfgs[todo[0]].out_dir))
+    active = active_jobs(cluster, folder, [cfgs[i].name for i in todo])
+    for i in todo:
+        name = cfgs[i].name
+        state, record = lock_state(RunDir(cfgs[i].run_dir).lock_file)
+        why = f"job {active[name]} of an earlier submission has it" if name in active else ""
+        why = why or (f"{holder(record)} trains it" if state == "live" and record else "")
+        if why:
+            outcomes[i] = RunOutcome(name, "running", why)
+            print(f"{name}: not submitted again: {why}")
+    rest = [i for i in todo if i not in outcomes]
+    if not rest:
+        return rest, iter(())
+    names = [cfgs[i].name for i in rest]
+    # the local executor's jobs share this machine's cores, as the pool's workers do
+    at_once = min(jobs or len(rest), len(rest))
+    threads = max(1, cpu_cores() // at_once) if cluster.executor == "local" else None
+    gpus = cfgs[0].train.device != "cpu"
+    args = [(cfgs[i], train_kwargs, gpus_per_run) for i in rest]
+
+    def outcomes_of(results: Iterator[tuple[int, object]]) -> Iterator[tuple[int, object]]:
+        for j, result in results:
+            if result == "submitted":
+                result = RunOutcome(names[j], "submitted")
+            elif isinstance(result, JobEnded):
+                result = RunOutcome(names[j], "interrupted", f"{result}; the same command resumes it")
+            yield j, result
+
+    return rest, outcomes_of(
+        job_map(train_job, args, names, cluster, folder, jobs, gpus_per_run, gpus, threads)
+    )
+
+
+def placement_line(
+    cfgs: Sequence[Config],
+    jobs: int | None = None,
+    gpus_per_run: int = 1,
+    cluster: ClusterOptions | None = None,
+) -> str:
+    """The plan's line on where the runs of ``cfgs`` would train (``jobs`` None: 1 here, no cap on
+    a cluster); raises the one-line error that the study itself would."""
+    if cluster is not None:
+        gpus = bool(cfgs) and cfgs[0].train.device != "cpu"
+        return cluster.describe(len(cfgs), jobs, gpus_per_run, gpus)
+    device = cfgs[0].train.device if cfgs else "auto"
+    return str(place_runs(jobs or 1, gpus_per_run, device, len(cfgs)))
+
+
 def run_all(
-    cfgs: Sequence[Config], jobs: int = 1, progress: bool = True, train_kwargs: Mapping | None = None
+    cfgs: Sequence[Config],
+    jobs: int | None = 1,
+    progress: bool = True,
+    train_kwargs: Mapping | None = None,
+    gpus_per_run: int = 1,
+    cluster: ClusterOptions | None = None,
 ) -> list[RunOutcome]:
     """Train every config and return the outcomes in order; finished runs are reused (see
     :func:`reusable`), unfinished ones resume.
 
-    ``jobs`` 1 trains one after another in this process; ``jobs`` J > 1 trains J at a time in
-    spawned workers with ``cores // J`` torch threads each (``train_kwargs`` must then pickle).
-    A run that stops or fails is reported in one line and the others go on.
+    ``jobs`` 1 (or None) trains one after another in this process; ``jobs`` J > 1 trains J at a
+    time in spawned workers with ``cores // J`` torch threads each and, where there are GPUs, GPUs
+    of their own (``gpus_per_run`` each; :func:`scalelong.launch.place_runs`); ``train_kwargs``
+    must then pickle. ``cluster``: every run a job of a scheduler
+    (:func:`scalelong.studies.cluster.job_map`; ``jobs``: at most that many at once; a run whose
+    job ends early is ``interrupted``, and ``submitted`` without waiting). A run that stops or
+    fails is reported in one line and the others go on.
     """
+    if cluster is None and cfgs:  # GPUs asked for that are not here: one line before anything else
+        jobs = place_runs(jobs or 1, gpus_per_run, cfgs[0].train.device).workers  # clamped to the cores
     check_run_dirs(cfgs)
     outcomes = {i: RunOutcome(c.name, "reused") for i, c in enumerate(cfgs) if reusable(RunDir(c.run_dir), c)}
     todo = [i for i in range(len(cfgs)) if i not in outcomes]
     check_models(cfgs[i] for i in todo)  # here, once per model config, so no worker needs to
     if outcomes:
         print(f"{len(outcomes)} of {len(cfgs)} runs are finished already and reused")
-    args = [(cfgs[i], progress and jobs == 1, train_kwargs) for i in todo]
-    for done, (j, result) in enumerate(pool_map(train_run, args, jobs), start=1):
+    if not todo:
+        return [outcomes[i] for i in range(len(cfgs))]
+    results: Iterator[tuple[int, object]]
+    if cluster is not None:
+        todo, results = _submit(cfgs, todo, outcomes, cluster, jobs, gpus_per_run, train_kwargs)
+    else:
+        place = place_runs(jobs or 1, gpus_per_run, cfgs[0].train.device, len(todo))
+        if place.workers > 1 or place.gpus:
+            print(f"{len(todo)} runs: {place}", flush=True)
+        solo = place.workers == 1
+        args = [(cfgs[i], progress and solo, train_kwargs, gpus_per_run) for i in todo]
+        results = pool_map(train_run, args, place.workers, None if solo else place.threads, place.gpus)
+    for done, (j, result) in enumerate(results, start=1):
         name = cfgs[todo[j]].name
         if isinstance(result, (TrainingInterrupted, PoolStopped)):
             raise result
         if isinstance(result, BaseException):  # the worker process itself failed
             result = RunOutcome(name, "failed", f"{type(result).__name__}: {' '.join(str(result).split())}")
         outcomes[todo[j]] = result
+        if result.status in ("submitted", "running"):
+            continue  # said once for all of them where they were submitted
         line = f"[{done}/{len(todo)}] {name}: " + (
-            f"failed: {result.message}" if result.status == "failed" else result.message or result.status
+            f"{result.status}: {result.message}"
+            if result.status in ("failed", "interrupted")
+            else result.message or result.status
         )
         print(line, file=sys.stderr if result.status == "failed" else sys.stdout, flush=True)
     return [outcomes[i] for i in range(len(cfgs))]
@@ -140,11 +294,14 @@ def check_plan(cfgs: Sequence[Config]) -> None:
 
 def plan_table(cfgs: Sequence[Config]) -> str:
     """The runs of a study, one line each: name, skip method, seed, lr, U-ViT depth, and what the
-    study will do with it (``new``; ``resume`` an unfinished run; ``reuse`` a finished one)."""
+    study will do with it (``new``; ``resume`` an unfinished run; ``reuse`` a finished one;
+    ``training``: a process, here or on another host, holds the run's lock now)."""
     rows = [("run", "method", "seed", "lr", "depth", "action")]
     for cfg in cfgs:
         run = RunDir(cfg.run_dir)
         action = "reuse" if reusable(run, cfg) else "resume" if run.config_file.is_file() else "new"
+        if action != "reuse" and lock_state(run.lock_file)[0] == "live":
+            action = "training"
         depth = str(cfg.model.uvit.depth) if cfg.model.type == "uvit" else "-"
         rows.append(
             (cfg.name, cfg.model.skip.method, str(cfg.train.seed), f"{cfg.optim.lr:g}", depth, action)
@@ -173,7 +330,13 @@ class StudyResult:
     outcomes: list[RunOutcome]
     legend: str = ""  # how to read columns the table's headers cannot explain (the digit score)
     reading: str = ""  # the table in plain sentences (:func:`scalelong.studies.reading.reading`)
+    reported: bool = True  # False: no report was written (jobs submitted without waiting, nothing finished)
 
     @property
     def failed(self) -> list[RunOutcome]:
         return [o for o in self.outcomes if o.status == "failed"]
+
+    @property
+    def unfinished(self) -> list[RunOutcome]:
+        """Runs a cluster's jobs have still to finish: interrupted, submitted or running."""
+        return [o for o in self.outcomes if o.unfinished]

@@ -1,0 +1,240 @@
+"""Studies past one machine: one run per GPU (the device count faked where the pool reads it,
+:func:`scalelong.launch.visible_gpus`), and a sweep as jobs of submitit's local executor (real
+processes, no cluster), one job killed and one requeued midway, with the local pool's report."""
+
+import functools
+import json
+import os
+import signal
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+import scalelong.launch
+from conftest import learning_uvit_overrides
+from run_until_killed import wait_after
+from scalelong.cli import main
+from scalelong.config import load_config
+from scalelong.errors import ScaleLongError
+from scalelong.launch import Placement, place_runs, pool_map
+from scalelong.studies.cluster import ClusterOptions, parse_sbatch, parse_time
+from scalelong.sweep import run_sweep
+
+TESTS = Path(__file__).parent
+
+
+@pytest.fixture
+def gpus(monkeypatch):
+    """A machine with ``n`` GPUs, as the pool sees it."""
+
+    def fake(n: int) -> list[str]:
+        names = [str(i) for i in range(n)]
+        monkeypatch.setattr(scalelong.launch, "visible_gpus", lambda: names)
+        return names
+
+    return fake
+
+
+def test_jobs_place_each_worker_on_its_own_gpus(gpus):
+    gpus(4)
+    one = place_runs(4)
+    assert one == Placement(4, one.threads, ("0", "1", "2", "3"), 1)
+    assert str(one) == "4 workers, one GPU each: 0, 1, 2, 3"
+    assert place_runs(4, runs=2).gpus == ("0", "1")  # no idle worker holds a GPU
+    two = place_runs(2, gpus_per_run=2)
+    assert two.gpus == ("0,1", "2,3")
+    assert str(two) == "2 workers, 2 GPUs each (one process per GPU, through Accelerate): 0,1 | 2,3"
+    assert str(place_runs(1)) == "one run at a time in this process, on GPU 0"
+    assert str(place_runs(1, gpus_per_run=3)) == "one run at a time, on GPUs 0,1,2 (3 processes, Accelerate)"
+    # train.device=cpu keeps the CPU's division of the cores, GPUs or not
+    assert place_runs(2, device="cpu").gpus == () and str(place_runs(2, device="cpu")).endswith(
+        "thread(s) each"
+    )
+    for jobs, per, message in [
+        (5, 1, "--jobs 5 asks for 5 GPUs; 4 are visible here (0, 1, 2, 3): lower --jobs to 4"),
+        (
+            3,
+            2,
+            "--jobs 3 x --gpus-per-run 2 asks for 6 GPUs; 4 are visible here (0, 1, 2, 3): lower --jobs to 2",
+        ),
+    ]:
+        with pytest.raises(ScaleLongError, match=message.replace("(", r"\(").replace(")", r"\)")):
+            place_runs(jobs, per)
+    gpus(0)
+    with pytest.raises(ScaleLongError, match="--gpus-per-run 2: no GPU is visible here"):
+        place_runs(1, gpus_per_run=2)
+    with pytest.raises(ScaleLongError, match="train.device=cuda but no GPU is visible"):
+        place_runs(1, device="cuda")
+
+
+def sweep_args(tmp_path) -> list[str]:
+    return ["sweep", "demo", *learning_uvit_overrides(tmp_path), "train.device=auto", "--no-progress"]
+
+
+def test_too_many_gpus_is_one_error_line_and_nothing_is_written(gpus, tmp_path, capsys):
+    gpus(2)
+    grid = ["--methods", "none,cs,ls", "--lrs", "1e-3", "--depths", "4"]
+    assert main([*sweep_args(tmp_path), *grid, "--jobs", "3"]) == 2
+    err = capsys.readouterr().err
+    assert err == "error: --jobs 3 asks for 3 GPUs; 2 are visible here (0, 1): lower --jobs to 2\n"
+    assert main([*sweep_args(tmp_path), *grid, "--jobs", "2", "--gpus-per-run", "2", "--dry-run"]) == 2
+    assert "--jobs 2 x --gpus-per-run 2 asks for 4 GPUs" in capsys.readouterr().err
+    assert not any(tmp_path.iterdir())
+
+
+def test_the_dry_run_says_where_each_run_goes(gpus, tmp_path, capsys):
+    gpus(4)
+    grid = ["--methods", "none,cs", "--lrs", "1e-3,2e-3", "--depths", "4", "--dry-run"]
+    assert main([*sweep_args(tmp_path), *grid, "--jobs", "4"]) == 0
+    assert "\n4 workers, one GPU each: 0, 1, 2, 3\n" in capsys.readouterr().out
+    assert main([*sweep_args(tmp_path), *grid, "--jobs", "2", "--gpus-per-run", "2"]) == 0
+    assert ": 0,1 | 2,3\n" in capsys.readouterr().out
+    gpus(0)  # a CPU machine: as before, the cores divided
+    assert main([*sweep_args(tmp_path), *grid, "--jobs", "2"]) == 0
+    assert "\n2 workers on the CPU, " in capsys.readouterr().out
+    assert not any(tmp_path.iterdir())
+
+
+def where_am_i(k: int) -> tuple[int, str, int]:
+    import torch
+
+    time.sleep(0.5)  # long enough that each worker takes some of the items
+    return os.getpid(), os.environ.get("CUDA_VISIBLE_DEVICES", ""), torch.get_num_threads()
+
+
+def test_each_pool_worker_sees_only_its_own_gpus():
+    """Real spawned workers: CUDA_VISIBLE_DEVICES is each one's own, set before it runs anything."""
+    seen = [
+        result
+        for _, result in pool_map(where_am_i, [(k,) for k in range(4)], jobs=2, threads=1, gpus=("3", "5,6"))
+    ]
+    by_worker = {pid: env for pid, env, _ in seen}
+    assert sorted(by_worker.values()) == ["3", "5,6"]  # two workers, each with its own GPUs
+    assert all(by_worker[pid] == env for pid, env, _ in seen)  # every item of a worker on its GPUs
+    assert {threads for *_, threads in seen} == {1}
+
+
+def test_cluster_options_map_to_sbatch(tmp_path):
+    assert [parse_time(t) for t in ("90", "30:30", "4:00:00", "1-00", "1-02:30", "2-00:00:01")] == [
+        90, 31, 240, 1440, 1590, 2881,
+    ]  # fmt: skip
+    for bad in ("", "4h", "0", "1:2:3:4"):
+        with pytest.raises(ScaleLongError, match="--time"):
+            parse_time(bad)
+    assert parse_sbatch(["account=proj", "--qos=high", "exclusive"]) == (
+        ("account", "proj"), ("qos", "high"), ("exclusive", ""),
+    )  # fmt: skip
+    with pytest.raises(ScaleLongError, match="--sbatch '=x'"):
+        parse_sbatch(["=x"])
+    options = ClusterOptions(partition="gpu", time_min=90, sbatch=(("account", "proj"), ("exclusive", "")))
+    assert options.parameters(8, 2, gpus=True) == {
+        "name": "scalelong", "timeout_min": 90, "nodes": 1, "tasks_per_node": 1, "gpus_per_node": 2,
+        "slurm_signal_delay_s": 120, "slurm_partition": "gpu", "slurm_array_parallelism": 8,
+        "slurm_additional_parameters": {"account": "proj", "exclusive": True},
+    }  # fmt: skip
+    assert options.parameters(None, 1, gpus=False)["gpus_per_node"] == 0  # train.device=cpu: no GPU asked
+    assert options.describe(24, 8, 2).endswith(
+        "sbatch --partition=gpu --time=1:30:00 --nodes=1 --ntasks-per-node=1 --gpus-per-node=2 "
+        "--array=0-23%8 --signal=USR2@120 --account=proj --exclusive"
+    )
+    assert options.job_folder(tmp_path / "s" / "runs") == tmp_path / "s" / "slurm"
+    with pytest.raises(ScaleLongError, match="--executor 'pbs'"):
+        ClusterOptions(executor="pbs")
+
+
+def test_cluster_flags_errors_are_one_line(tmp_path, capsys, monkeypatch):
+    grid = ["--methods", "none", "--lrs", "1e-3", "--depths", "4"]
+    assert main([*sweep_args(tmp_path), *grid, "--partition", "gpu"]) == 2
+    assert (
+        capsys.readouterr().err
+        == "error: --partition is for --executor slurm (or local), not this machine's pool\n"
+    )
+    monkeypatch.setitem(sys.modules, "submitit", None)  # not installed: the error names the extra
+    assert main([*sweep_args(tmp_path), *grid, "--executor", "slurm"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "pip install 'scalelong[slurm]'" in err
+    monkeypatch.delitem(sys.modules, "submitit")
+    pytest.importorskip("submitit")
+    assert main([*sweep_args(tmp_path), *grid, "--executor", "slurm", "--time", "1:00:00"]) == 2
+    err = capsys.readouterr().err
+    assert (
+        err.count("\n") == 1
+        and "--executor slurm: no SLURM on this machine" in err
+        and "--executor local" in err
+    )
+
+
+# ----------------------------------------------------------------------------- a sweep as jobs
+
+
+def until(condition, what: str, limit: float = 300) -> None:
+    end = time.monotonic() + limit  # a guard against a hang, not a measure of speed
+    while not condition():
+        assert time.monotonic() < end, what
+        time.sleep(0.2)
+
+
+def alive(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except (FileNotFoundError, ProcessLookupError):
+        return False
+
+
+def numbers(sweep: Path) -> list[dict]:
+    """Every cell's per-seed numbers and verdicts, as map.json holds them."""
+    return json.loads((sweep / "map.json").read_text())["cells"]
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not Path("/proc/self/stat").is_file(), reason="reads process states from /proc")
+def test_a_sweep_of_local_jobs_killed_and_requeued_midway_reports_what_the_pool_reports(
+    tmp_path, monkeypatch
+):
+    """Two runs as submitit jobs, both waiting after their step-8 checkpoint: one is warned as SLURM
+    warns at a time limit (SIGUSR2: submitit requeues it, the run resumes by itself), the other is
+    killed outright. Submitting the same sweep again resumes the killed run from its checkpoint and
+    reuses the other; the report holds the numbers of the same sweep trained by the local pool."""
+    pytest.importorskip("submitit")
+    # one torch thread in every job, as in the pool's run here: the numbers can then match bitwise
+    monkeypatch.setattr(scalelong.launch, "cpu_cores", lambda: 1)
+    overrides = [*learning_uvit_overrides(tmp_path / "base"), "train.steps=16", "train.checkpoint_every=8"]
+    base = load_config("configs/demo.yaml", overrides)
+    grid = (["none", "cs"], [2e-2], [4], 1)
+    pool = run_sweep(base, *grid, tmp_path / "pool", progress=False)
+
+    # the jobs import the waiting hook from tests/, as the pool's workers would
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(TESTS), os.environ.get("PYTHONPATH", "")]))
+    sweep = tmp_path / "cluster"
+    hooks = {"step_hooks": [functools.partial(wait_after, 8)]}
+    submitted = run_sweep(
+        base, *grid, sweep, jobs=2, progress=False, train_kwargs=hooks,
+        cluster=ClusterOptions(executor="local", wait=False),
+    )  # fmt: skip
+    assert [o.status for o in submitted.outcomes] == ["submitted", "submitted"] and not submitted.reported
+    runs = {m: sweep / "runs" / f"d4-lr0.02-{m}-seed0" for m in ("none", "cs")}
+    until(lambda: all((r / "checkpoints" / "step-000008").is_dir() for r in runs.values()), "no step 8")
+    pid = {m: json.loads((r / ".lock").read_text())["pid"] for m, r in runs.items()}
+
+    os.kill(pid["cs"], signal.SIGUSR2)  # the time-limit warning: submitit requeues, the run resumes
+    os.kill(pid["none"], signal.SIGKILL)  # gone without a word: its lock and step 8 stay behind
+    until(lambda: not alive(pid["none"]), "the killed job still runs")
+    summary = runs["cs"] / "summary.json"
+    until(lambda: summary.is_file() and json.loads(summary.read_text())["status"] == "complete", "no requeue")
+    ledger = [json.loads(line) for line in (sweep / "slurm" / "submitted.jsonl").read_text().splitlines()]
+    controllers = {e["run"]: int(e["job"]) for e in ledger}
+    until(lambda: not any(alive(p) for p in controllers.values()), "a job's controller still runs")
+    cs_log = (sweep / "slurm" / str(controllers["d4-lr0.02-cs-seed0"])).glob("*_log.out")
+    assert "from step-000008" in next(cs_log).read_text()  # the requeued job resumed the run
+
+    again = run_sweep(base, *grid, sweep, jobs=2, progress=False, cluster=ClusterOptions(executor="local"))
+    assert [o.status for o in again.outcomes] == ["trained", "reused"]
+    resumed = [e for e in map(json.loads, (sweep / "slurm" / "submitted.jsonl").read_text().splitlines())]
+    log = next((sweep / "slurm" / resumed[-1]["job"]).glob("*_log.out")).read_text()
+    assert f"resuming {runs['none']} from step-000008" in log
+    steps = [r["step"] for r in map(json.loads, (runs["none"] / "metrics.jsonl").read_text().splitlines())]
+    assert steps == [4, 8, 12, 16]  # nothing lost, nothing twice
+    assert again.table == pool.table
+    assert numbers(sweep) == numbers(tmp_path / "pool")
