@@ -11,15 +11,19 @@ import time
 from pathlib import Path
 
 import pytest
+import torch
 
 import scalelong.launch
+import scalelong.studies.running
 from conftest import learning_uvit_overrides
 from run_until_killed import wait_after
 from scalelong.cli import main
+from scalelong.compare import method_config
 from scalelong.config import load_config
 from scalelong.errors import ScaleLongError
 from scalelong.launch import Placement, place_runs, pool_map
 from scalelong.studies.cluster import ClusterOptions, parse_sbatch, parse_time
+from scalelong.studies.running import RunOutcome, run_all, train_run
 from scalelong.sweep import run_sweep
 
 TESTS = Path(__file__).parent
@@ -114,6 +118,48 @@ def test_each_pool_worker_sees_only_its_own_gpus():
     assert sorted(by_worker.values()) == ["3", "5,6"]  # two workers, each with its own GPUs
     assert all(by_worker[pid] == env for pid, env, _ in seen)  # every item of a worker on its GPUs
     assert {threads for *_, threads in seen} == {1}
+
+
+def tiny_configs(tmp_path, methods=("none", "cs"), device="auto"):
+    overrides = [*learning_uvit_overrides(tmp_path), f"train.device={device}", "train.steps=4"]
+    return [
+        method_config(load_config("configs/demo.yaml", overrides), m, 0, tmp_path / "runs") for m in methods
+    ]
+
+
+def test_run_all_hands_each_worker_its_gpus_and_each_run_its_processes(gpus, tmp_path, monkeypatch, capsys):
+    gpus(4)
+    seen = {}
+
+    def fake_pool(fn, args, jobs, threads, gpus):
+        seen.update(fn=fn, args=args, jobs=jobs, gpus=gpus)
+        for i, (cfg, *_) in enumerate(args):
+            yield i, RunOutcome(cfg.name, "trained")
+
+    monkeypatch.setattr(scalelong.studies.running, "pool_map", fake_pool)
+    outcomes = run_all(tiny_configs(tmp_path, ("none", "cs", "ls")), jobs=2, progress=False, gpus_per_run=2)
+    assert [o.status for o in outcomes] == ["trained"] * 3
+    assert seen["fn"] is train_run and seen["jobs"] == 2 and seen["gpus"] == ("0,1", "2,3")
+    assert [a[3] for a in seen["args"]] == [2, 2, 2]  # each run on 2 processes, one per GPU
+    out = capsys.readouterr().out
+    assert "3 runs: 2 workers, 2 GPUs each (one process per GPU, through Accelerate): 0,1 | 2,3\n" in out
+    # train.device=cpu: the CPU's pool as before, whatever GPUs there are
+    run_all(tiny_configs(tmp_path / "cpu", device="cpu"), jobs=2, progress=False)
+    assert seen["gpus"] == () and "2 runs: 2 workers on the CPU" in capsys.readouterr().out
+
+
+@pytest.mark.slow
+def test_a_run_on_two_gpus_trains_through_two_processes_and_is_reused(gpus, tmp_path, capsys):
+    """--gpus-per-run 2 on a machine that shows two GPUs (faked: here the two processes train on
+    the CPU, with gloo): one run of two Accelerate processes, which the study then reuses."""
+    gpus(2)
+    cfgs = tiny_configs(tmp_path, ("ls",))
+    assert [o.status for o in run_all(cfgs, jobs=1, progress=False, gpus_per_run=2)] == ["trained"]
+    run = tmp_path / "runs" / "ls-seed0"
+    trainer = torch.load(run / "checkpoints" / "step-000004" / "trainer.pt", weights_only=True)
+    assert trainer["num_processes"] == 2
+    assert json.loads((run / "summary.json").read_text())["status"] == "complete"
+    assert [o.status for o in run_all(cfgs, jobs=1, progress=False, gpus_per_run=2)] == ["reused"]
 
 
 def test_cluster_options_map_to_sbatch(tmp_path):

@@ -18,7 +18,10 @@ The rules, so a page can say what it likes as long as it stays true:
   - ``scalelong compare`` and ``scalelong sweep``: with ``--dry-run`` where the command
     has it, else validated: arguments parsed by the CLI's own parser, the config loaded with
     its overrides, the methods, learning rates and depths parsed, and every run's config built
-    and validated as the study would before its first run. Nothing is trained.
+    and validated as the study would before its first run. Nothing is trained, nothing is
+    submitted. The commands of docs/cluster.md run as on a machine with 8 GPUs
+    (``scalelong.launch.visible_gpus`` faked), so ``--jobs 8`` is placed rather than refused.
+  - ``sbatch ... --wrap "CMD"``: CMD is checked by these same rules.
   - ``scalelong sample``, ``analyze`` and ``eval`` (slow) run against a tiny run made once per
     module, in place of the run folder the page names, with ``--out`` in a temporary folder;
     those that need what this machine lacks (FID's Inception weights and reference statistics,
@@ -337,19 +340,43 @@ def check_command(argv: list[str], where: str, capsys, run_dir: Path | None = No
 FAST = RUN_HERE | {"train"} | STUDIES | VALIDATED
 
 
+GPUS_OF_THE_PAGE = {"cluster.md": 8}  # pages that describe a machine with GPUs, and how many
+
+
+def wrapped(words: list[str], where: str) -> list[list[str]]:
+    """The commands of ``sbatch ... --wrap "CMD"``."""
+    for k, word in enumerate(words):
+        if word == "--wrap" and k + 1 < len(words):
+            return commands(words[k + 1])
+        if word.startswith("--wrap="):
+            return commands(word.removeprefix("--wrap="))
+    pytest.fail(f"{where}: sbatch without --wrap: nothing to check")
+
+
+def check_shell_command(words: list[str], where: str, capsys) -> None:
+    if words[0] == "sbatch":
+        for inner in wrapped(words, where):
+            check_shell_command(inner, where, capsys)
+    elif words[0] != "scalelong":
+        check_non_cli(words, where)
+    elif words[1] in FAST:
+        check_command(words[1:], where, capsys)
+    else:
+        assert words[1] in ON_A_RUN, f"{where}: no rule for `scalelong {words[1]}`"
+        cli_parse(words[1:])
+
+
 @pytest.mark.parametrize("page", [p for p in GUIDE if blocks_of(p, ("bash", "sh", "shell"))], ids=page_id)
-def test_shell_commands_of_the_guide_parse_and_validate(page: Path, offline, capsys):
+def test_shell_commands_of_the_guide_parse_and_validate(page: Path, offline, capsys, monkeypatch):
     """Every command is known; the fast kinds (info, train --dry-run, ...) run here."""
+    if page.name in GPUS_OF_THE_PAGE:
+        import scalelong.launch
+
+        names = [str(i) for i in range(GPUS_OF_THE_PAGE[page.name])]
+        monkeypatch.setattr(scalelong.launch, "visible_gpus", lambda: names)
     for block in blocks_of(page, ("bash", "sh", "shell", "console")):
         for words in commands(block.code):
-            where = block.where(page)
-            if words[0] != "scalelong":
-                check_non_cli(words, where)
-            elif words[1] in FAST:
-                check_command(words[1:], where, capsys)
-            else:
-                assert words[1] in ON_A_RUN, f"{where}: no rule for `scalelong {words[1]}`"
-                cli_parse(words[1:])
+            check_shell_command(words, block.where(page), capsys)
 
 
 @pytest.fixture(scope="module")
