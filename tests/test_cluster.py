@@ -2,7 +2,6 @@
 :func:`scalelong.launch.visible_gpus`), and a sweep as jobs of submitit's local executor (real
 processes, no cluster), one job killed and one requeued midway, with the local pool's report."""
 
-import functools
 import json
 import os
 import signal
@@ -15,8 +14,9 @@ import torch
 
 import scalelong.launch
 import scalelong.studies.running
+import scalelong.sweep
 from conftest import learning_uvit_overrides
-from run_until_killed import wait_after
+from run_until_killed import waiting_run_all
 from scalelong.cli import main
 from scalelong.compare import method_config
 from scalelong.config import load_config
@@ -24,7 +24,6 @@ from scalelong.errors import ScaleLongError
 from scalelong.launch import Placement, place_runs, pool_map
 from scalelong.studies.cluster import ClusterOptions, parse_sbatch, parse_time
 from scalelong.studies.running import RunOutcome, run_all, train_run
-from scalelong.sweep import run_sweep
 
 TESTS = Path(__file__).parent
 
@@ -237,50 +236,63 @@ def numbers(sweep: Path) -> list[dict]:
 @pytest.mark.slow
 @pytest.mark.skipif(not Path("/proc/self/stat").is_file(), reason="reads process states from /proc")
 def test_a_sweep_of_local_jobs_killed_and_requeued_midway_reports_what_the_pool_reports(
-    tmp_path, monkeypatch
+    tmp_path, monkeypatch, capsys
 ):
-    """Two runs as submitit jobs, both waiting after their step-8 checkpoint: one is warned as SLURM
-    warns at a time limit (SIGUSR2: submitit requeues it, the run resumes by itself), the other is
-    killed outright. Submitting the same sweep again resumes the killed run from its checkpoint and
-    reuses the other; the report holds the numbers of the same sweep trained by the local pool."""
+    """Two runs submitted as submitit jobs (--no-wait), both waiting after their step-8 checkpoint:
+    one is warned as SLURM warns at a time limit (SIGUSR2: submitit requeues it, the run resumes by
+    itself), the other is killed outright. --report-only reports what has finished; the same
+    command again resumes the killed run from its checkpoint and reuses the other, and the report
+    is the report of the same sweep trained by the local pool, number for number."""
     pytest.importorskip("submitit")
     # one torch thread in every job, as in the pool's run here: the numbers can then match bitwise
     monkeypatch.setattr(scalelong.launch, "cpu_cores", lambda: 1)
-    overrides = [*learning_uvit_overrides(tmp_path / "base"), "train.steps=16", "train.checkpoint_every=8"]
-    base = load_config("configs/demo.yaml", overrides)
-    grid = (["none", "cs"], [2e-2], [4], 1)
-    pool = run_sweep(base, *grid, tmp_path / "pool", progress=False)
+    grid = ["--methods", "none,cs", "--lrs", "2e-2", "--depths", "4", "--no-progress"]
+
+    def sweep(folder: Path, *flags: str) -> list[str]:
+        overrides = [*learning_uvit_overrides(folder), "train.steps=16", "train.checkpoint_every=8"]
+        return ["sweep", "configs/demo.yaml", *overrides, *grid, *flags]
+
+    assert main(sweep(tmp_path / "pool")) == 0
+    capsys.readouterr()
 
     # the jobs import the waiting hook from tests/, as the pool's workers would
     monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(TESTS), os.environ.get("PYTHONPATH", "")]))
-    sweep = tmp_path / "cluster"
-    hooks = {"step_hooks": [functools.partial(wait_after, 8)]}
-    submitted = run_sweep(
-        base, *grid, sweep, jobs=2, progress=False, train_kwargs=hooks,
-        cluster=ClusterOptions(executor="local", wait=False),
-    )  # fmt: skip
-    assert [o.status for o in submitted.outcomes] == ["submitted", "submitted"] and not submitted.reported
-    runs = {m: sweep / "runs" / f"d4-lr0.02-{m}-seed0" for m in ("none", "cs")}
+    command = sweep(tmp_path / "cluster", "--executor", "local", "--jobs", "2")
+    with monkeypatch.context() as m:  # every run of this submission waits after step 8
+        m.setattr(scalelong.sweep, "run_all", waiting_run_all(scalelong.studies.running.run_all, 8))
+        assert main([*command, "--no-wait"]) == 0
+    out = capsys.readouterr().out
+    assert "submitted 2 of 2 runs as local jobs" in out and "--report-only writes the report" in out
+    folder = tmp_path / "cluster" / "t-sweep"
+    runs = {m: folder / "runs" / f"d4-lr0.02-{m}-seed0" for m in ("none", "cs")}
     until(lambda: all((r / "checkpoints" / "step-000008").is_dir() for r in runs.values()), "no step 8")
     pid = {m: json.loads((r / ".lock").read_text())["pid"] for m, r in runs.items()}
+    assert main([*command, "--dry-run"]) == 0  # both jobs hold their runs' locks
+    assert capsys.readouterr().out.count(" training\n") == 2
 
     os.kill(pid["cs"], signal.SIGUSR2)  # the time-limit warning: submitit requeues, the run resumes
     os.kill(pid["none"], signal.SIGKILL)  # gone without a word: its lock and step 8 stay behind
     until(lambda: not alive(pid["none"]), "the killed job still runs")
     summary = runs["cs"] / "summary.json"
     until(lambda: summary.is_file() and json.loads(summary.read_text())["status"] == "complete", "no requeue")
-    ledger = [json.loads(line) for line in (sweep / "slurm" / "submitted.jsonl").read_text().splitlines()]
+    ledger = [json.loads(line) for line in (folder / "slurm" / "submitted.jsonl").read_text().splitlines()]
     controllers = {e["run"]: int(e["job"]) for e in ledger}
     until(lambda: not any(alive(p) for p in controllers.values()), "a job's controller still runs")
-    cs_log = (sweep / "slurm" / str(controllers["d4-lr0.02-cs-seed0"])).glob("*_log.out")
-    assert "from step-000008" in next(cs_log).read_text()  # the requeued job resumed the run
+    cs_log = next((folder / "slurm" / str(controllers["d4-lr0.02-cs-seed0"])).glob("*_log.out"))
+    assert f"resuming {runs['cs']} from step-000008" in cs_log.read_text()  # the requeued job went on
 
-    again = run_sweep(base, *grid, sweep, jobs=2, progress=False, cluster=ClusterOptions(executor="local"))
-    assert [o.status for o in again.outcomes] == ["trained", "reused"]
-    resumed = [e for e in map(json.loads, (sweep / "slurm" / "submitted.jsonl").read_text().splitlines())]
-    log = next((sweep / "slurm" / resumed[-1]["job"]).glob("*_log.out")).read_text()
+    assert main([*command, "--report-only"]) == 0  # the partial report: what has finished
+    assert "1 of 2 runs finished; the others: 1 resume" in capsys.readouterr().out
+    assert "1 cells with 1 seed(s) each" in (folder / "report.md").read_text()
+
+    assert main(command) == 0  # the same command again: the killed run resumes, the other is reused
+    out = capsys.readouterr().out
+    assert "1 of 2 runs are finished already and reused" in out and "submitted 1 of 1 runs" in out
+    ledger = [json.loads(line) for line in (folder / "slurm" / "submitted.jsonl").read_text().splitlines()]
+    log = next((folder / "slurm" / ledger[-1]["job"]).glob("*_log.out")).read_text()
     assert f"resuming {runs['none']} from step-000008" in log
     steps = [r["step"] for r in map(json.loads, (runs["none"] / "metrics.jsonl").read_text().splitlines())]
     assert steps == [4, 8, 12, 16]  # nothing lost, nothing twice
-    assert again.table == pool.table
-    assert numbers(sweep) == numbers(tmp_path / "pool")
+    pool = tmp_path / "pool" / "t-sweep"
+    assert (folder / "report.md").read_text() == (pool / "report.md").read_text()
+    assert numbers(folder) == numbers(pool)
