@@ -211,6 +211,21 @@ def test_cluster_flags_errors_are_one_line(tmp_path, capsys, monkeypatch):
     )
 
 
+@pytest.mark.slow
+def test_report_only_reports_the_finished_runs_of_a_comparison(tmp_path, capsys):
+    args = ["compare", "demo", *learning_uvit_overrides(tmp_path), "--steps", "4", "--no-progress"]
+    assert main([*args, "--methods", "cs,none", "--report-only"]) == 2
+    assert "no run of the baseline 'cs' has finished" in capsys.readouterr().err
+    assert main([*args, "--methods", "cs"]) == 0  # the baseline's run, as a first job would leave it
+    capsys.readouterr()
+    assert main([*args, "--methods", "cs,none,ls", "--report-only"]) == 0
+    out = capsys.readouterr().out
+    assert "1 of 3 runs finished; the others: 2 new" in out
+    report = (tmp_path / "t-compare" / "report.md").read_text()
+    assert report.startswith("# ScaleLong comparison: cs\n") and "| cs |" in report
+    assert not (tmp_path / "t-compare" / "runs" / "none-seed0").exists()  # nothing trained
+
+
 # ----------------------------------------------------------------------------- a sweep as jobs
 
 

@@ -501,7 +501,7 @@ def _add_execution_args(p: argparse.ArgumentParser) -> None:
     """Where a study's runs train: this machine (``--jobs``, ``--gpus-per-run``) or a cluster."""
     p.add_argument(
         "--jobs",
-        type=int,
+        type=_count(1),
         default=None,
         help="runs trained at a time, in worker processes that divide the cores, each on its own "
         "GPU(s) where there are GPUs (default 1: one after another in this process); with "

@@ -219,7 +219,7 @@ def placement_line(
         gpus = bool(cfgs) and cfgs[0].train.device != "cpu"
         return cluster.describe(len(cfgs), jobs, gpus_per_run, gpus)
     device = cfgs[0].train.device if cfgs else "auto"
-    return str(place_runs(jobs or 1, gpus_per_run, device, len(cfgs)))
+    return str(place_runs(1 if jobs is None else jobs, gpus_per_run, device, len(cfgs)))
 
 
 def run_all(
@@ -241,6 +241,8 @@ def run_all(
     job ends early is ``interrupted``, and ``submitted`` without waiting). A run that stops or
     fails is reported in one line and the others go on.
     """
+    if jobs is not None and jobs < 1:
+        raise ScaleLongError(f"--jobs must be >= 1, got {jobs}")
     if cluster is None and cfgs:  # GPUs asked for that are not here: one line before anything else
         jobs = place_runs(jobs or 1, gpus_per_run, cfgs[0].train.device).workers  # clamped to the cores
     check_run_dirs(cfgs)
