@@ -211,6 +211,57 @@ def test_cluster_flags_errors_are_one_line(tmp_path, capsys, monkeypatch):
     )
 
 
+def fake_slurm(folder: Path, monkeypatch) -> Path:
+    """srun, sbatch and sacct on PATH that stand for a cluster: sbatch keeps each script it is given
+    in the returned folder and answers as SLURM does; sacct says job 4242_0 waits, 4242_1 runs."""
+    bin_, scripts = folder / "bin", folder / "sbatch"
+    bin_.mkdir()
+    scripts.mkdir()
+    tools = {
+        "srun": "exit 0",
+        "sbatch": f'cp "$1" "{scripts}/" && echo "Submitted batch job 4242"',
+        "sacct": 'printf "JobID|State|NodeList\\n4242_0|PENDING|None assigned\\n4242_1|RUNNING|node1\\n"',
+    }
+    for name, body in tools.items():
+        (bin_ / name).write_text(f"#!/bin/sh\n{body}\n")
+        (bin_ / name).chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bin_}{os.pathsep}{os.environ['PATH']}")
+    return scripts
+
+
+def test_slurm_submits_one_job_array_and_never_submits_a_run_twice(tmp_path, monkeypatch, capsys):
+    """Through submitit's SLURM executor, with sbatch and sacct faked: the sbatch script of the job
+    array says what the options asked for; submitted again while the jobs wait or run, nothing is."""
+    pytest.importorskip("submitit")
+    scripts = fake_slurm(tmp_path, monkeypatch)
+    args = [*sweep_args(tmp_path / "study"), "--methods", "none,cs", "--lrs", "1e-3", "--depths", "4"]
+    args += ["--executor", "slurm", "--partition", "gpu", "--time", "1:30:00", "--jobs", "1"]
+    args += ["--sbatch", "account=proj", "--setup", "module load cuda", "--no-wait"]
+    assert main(args) == 0
+    out = capsys.readouterr().out
+    folder = tmp_path / "study" / "t-sweep"
+    assert f"submitted 2 of 2 runs as SLURM job array 4242; job logs in {folder / 'slurm'}\n" in out
+    assert "2 runs submitted. The same command with --report-only" in out
+    (script,) = scripts.iterdir()
+    text = script.read_text()
+    for line in ("--partition=gpu", "--time=90", "--array=0-1%1", "--signal=USR2@120", "--account=proj",
+                 "--gpus-per-node=1", "--nodes=1", "--ntasks-per-node=1"):  # fmt: skip
+        assert f"#SBATCH {line}\n" in text, line
+    assert "\nmodule load cuda\n" in text and "-m submitit.core._submit" in text
+    ledger = [json.loads(line) for line in (folder / "slurm" / "submitted.jsonl").read_text().splitlines()]
+    assert [(e["run"], e["job"]) for e in ledger] == [
+        ("d4-lr0.001-none-seed0", "4242_0"),
+        ("d4-lr0.001-cs-seed0", "4242_1"),
+    ]
+    assert not list(folder.glob("runs/*/config.yaml"))  # nothing trained here
+
+    assert main(args) == 0  # again, while one job waits and the other runs: nothing is submitted
+    out = capsys.readouterr().out
+    assert "d4-lr0.001-none-seed0: not submitted again: job 4242_0 of an earlier submission has it" in out
+    assert "0 runs submitted; 2 still in jobs of an earlier submission." in out
+    assert len(list(scripts.iterdir())) == 1
+
+
 @pytest.mark.slow
 def test_report_only_reports_the_finished_runs_of_a_comparison(tmp_path, capsys):
     args = ["compare", "demo", *learning_uvit_overrides(tmp_path), "--steps", "4", "--no-progress"]

@@ -343,7 +343,7 @@ def cmd_compare(args: argparse.Namespace) -> int:
         gpus_per_run=args.gpus_per_run, cluster=cluster,
     )  # fmt: skip
     if not result.reported:
-        return _report_paths(result)
+        return _report_paths(result, waited=cluster is None or cluster.wait)
     print(f"\n{result.table}\n")
     if result.legend:  # e.g. the digit score, with the real digits' values as the yardstick
         print(textwrap.fill(result.legend, 100) + "\n")
@@ -404,14 +404,19 @@ def _partial_report(cfgs, report: Path) -> int:
     return 0
 
 
-def _report_paths(result) -> int:
+def _report_paths(result, waited: bool = True) -> int:
     """Print where a study's report is; runs that failed, or that did not finish on a cluster,
     make it a user error (exit 2). Jobs submitted without waiting: how to read them later."""
-    submitted = [o for o in result.outcomes if o.status == "submitted"]
-    if submitted:
+    if not waited:
+        counts = {s: sum(o.status == s for o in result.outcomes) for s in ("submitted", "running", "reused")}
+        said = [f"{counts['submitted']} runs submitted"]
+        if counts["running"]:
+            said.append(f"{counts['running']} still in jobs of an earlier submission")
+        if counts["reused"]:
+            said.append(f"{counts['reused']} finished already")
         print(
-            f"{len(submitted)} runs submitted; the same command with --report-only writes the report of "
-            "whatever has finished (any time), and the same command again resubmits what did not finish"
+            "; ".join(said) + ". The same command with --report-only writes the report of whatever has "
+            "finished (at any time); the same command again submits what did not finish"
         )
         return 0
     if result.reported:
@@ -456,7 +461,7 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     )  # fmt: skip
     if result.reported:
         print(f"\n{result.table}\n")
-    return _report_paths(result)
+    return _report_paths(result, waited=cluster is None or cluster.wait)
 
 
 def cmd_analyze(args: argparse.Namespace) -> int:

@@ -189,7 +189,7 @@ def run_comparison(
     (``cluster.wait`` False: :func:`report_comparison` writes the report later)."""
     cfgs = comparison_configs(base, methods, seeds, report_dir)
     outcomes = run_all(cfgs, jobs, progress, train_kwargs, gpus_per_run=gpus_per_run, cluster=cluster)
-    if any(o.status == "submitted" for o in outcomes):
+    if cluster is not None and not cluster.wait:  # the jobs have only just been submitted
         return StudyResult(report_dir / "report.md", "", outcomes, reported=False)
     if any(o.unfinished for o in outcomes):  # what has finished, as --report-only reads it
         try:

@@ -463,7 +463,7 @@ def run_sweep(
     runs_dir = sweep_dir / "runs"
     cfgs = plan(base, methods, lrs, depths, seeds, runs_dir)
     outcomes = run_all(cfgs, jobs, progress, train_kwargs, gpus_per_run=gpus_per_run, cluster=cluster)
-    if any(o.status == "submitted" for o in outcomes):
+    if cluster is not None and not cluster.wait:  # the jobs have only just been submitted
         return StudyResult(sweep_dir / "report.md", "", outcomes, reported=False)
     failed = [
         read_run(c.run_dir, error=o.message)

@@ -379,11 +379,15 @@ def job_map(
     first = min(jobs, len(args)) if throttle else len(args)
 
     def submit(indices: Sequence[int]) -> list:
-        if options.executor == "slurm":
-            with executor.batch():  # one job array: one call to the scheduler
+        try:
+            if options.executor == "slurm":
+                with executor.batch():  # one job array: one call to the scheduler
+                    submitted = [executor.submit(call, *args[i]) for i in indices]
+            else:
                 submitted = [executor.submit(call, *args[i]) for i in indices]
-        else:
-            submitted = [executor.submit(call, *args[i]) for i in indices]
+        except (RuntimeError, OSError) as e:  # sbatch's refusal (its stderr), or no sbatch at all
+            why = " ".join(str(e).split())[:300] or type(e).__name__
+            raise ScaleLongError(f"the scheduler refused the jobs: {why}") from None
         _record(folder, options, [names[i] for i in indices], submitted)
         return submitted
 

@@ -14,6 +14,7 @@ finished is reused, what was interrupted resumes from its last checkpoint.
 from __future__ import annotations
 
 import copy
+import socket
 import sys
 import tempfile
 from collections.abc import Iterable, Iterator, Mapping, Sequence
@@ -177,10 +178,13 @@ def _submit(
     folder = cluster.job_folder(Path(cfgs[todo[0]].out_dir))
     active = active_jobs(cluster, folder, [cfgs[i].name for i in todo])
     for i in todo:
-        name = cfgs[i].name
-        state, record = lock_state(RunDir(cfgs[i].run_dir).lock_file)
+        name, lock = cfgs[i].name, RunDir(cfgs[i].run_dir).lock_file
+        state, record = lock_state(lock)
         why = f"job {active[name]} of an earlier submission has it" if name in active else ""
-        why = why or (f"{holder(record)} trains it" if state == "live" and record else "")
+        if not why and state == "live" and record:  # this host's live process, or one elsewhere
+            why = f"{holder(record)} trains it"
+            if record["host"] != socket.gethostname():  # a job killed outright leaves its lock
+                why += f" (if no job trains it any more, delete {lock} and run this again)"
         if why:
             outcomes[i] = RunOutcome(name, "running", why)
             print(f"{name}: not submitted again: {why}")
