@@ -27,7 +27,7 @@ import torch
 from scalelong.build import check_models
 from scalelong.config import Config, config_to_dict, read_yaml, save_config, validate
 from scalelong.errors import ScaleLongError
-from scalelong.launch import PoolStopped, launch_processes, place_runs, pool_map
+from scalelong.launch import PoolStopped, launch_processes, place_runs, pool_map, sigterm_as_interrupt
 from scalelong.lock import lock_state
 from scalelong.runs import RunDir, config_differences
 from scalelong.skips import METHODS
@@ -129,12 +129,26 @@ def train_in_processes(cfg: Config, processes: int, ignore_signals: Sequence[int
     """One run on ``processes`` processes of this machine (``scalelong train CONFIG
     --num-processes N``, its config written to a temporary file); the outcome is read back from
     the run's summary.json. An interrupted run raises :class:`TrainingInterrupted`, as in-process."""
-    with tempfile.TemporaryDirectory(prefix="scalelong-run-") as tmp:
+    run = RunDir(cfg.run_dir)
+
+    def written() -> int | None:  # when summary.json was last written (None: it is not there)
+        return run.summary_file.stat().st_mtime_ns if run.summary_file.is_file() else None
+
+    before, code = written(), None
+    # SIGTERM (a pool shutting down, a scheduler) here, as Ctrl-C: the processes get it in turn and
+    # end their run cleanly (launch_processes) instead of training on for nobody
+    with tempfile.TemporaryDirectory(prefix="scalelong-run-") as tmp, sigterm_as_interrupt():
         path = Path(tmp) / "config.yaml"
         save_config(cfg, path)
-        code = launch_processes(processes, ["train", str(path), "--no-progress"], ignore_signals)
-    summary = RunDir(cfg.run_dir).summary or {}
+        try:
+            code = launch_processes(processes, ["train", str(path), "--no-progress"], ignore_signals)
+        except KeyboardInterrupt:
+            pass
+    # a summary left by an earlier attempt says nothing of this one (refused before it began)
+    summary = (run.summary or {}) if written() not in (None, before) else {}
     status, error = summary.get("status"), " ".join(str(summary.get("error") or "").split())
+    if code is None:
+        raise TrainingInterrupted(error or f"{run} was interrupted; re-run the same command to resume")
     if code == 0 and status == "complete":
         return RunOutcome(cfg.name, "trained", "", torch.get_num_threads())
     if status == "stopped" and "stopped" in summary:
@@ -142,7 +156,8 @@ def train_in_processes(cfg: Config, processes: int, ignore_signals: Sequence[int
         return RunOutcome(cfg.name, "stopped", f"stopped at step {stopped['step']} ({stopped['kind']})")
     if status == "interrupted":
         raise TrainingInterrupted(error or f"{cfg.name} was interrupted")
-    return RunOutcome(cfg.name, "failed", error or f"its {processes} processes ended with exit code {code}")
+    why = error or f"its {processes} processes ended with exit code {code} (their error line is above)"
+    return RunOutcome(cfg.name, "failed", why)
 
 
 def train_job(cfg: Config, train_kwargs: Mapping | None = None, processes: int = 1) -> RunOutcome:
