@@ -82,9 +82,13 @@ def test_too_many_gpus_is_one_error_line_and_nothing_is_written(gpus, tmp_path, 
     assert main([*sweep_args(tmp_path), *grid, "--jobs", "3"]) == 2
     err = capsys.readouterr().err
     assert err == "error: --jobs 3 asks for 3 GPUs; 2 are visible here (0, 1): lower --jobs to 2\n"
-    assert main([*sweep_args(tmp_path), *grid, "--jobs", "2", "--gpus-per-run", "2", "--dry-run"]) == 2
-    assert "--jobs 2 x --gpus-per-run 2 asks for 4 GPUs" in capsys.readouterr().err
+    assert main([*sweep_args(tmp_path), *grid, "--jobs", "2", "--gpus-per-run", "2"]) == 2
+    assert "error: --jobs 2 x --gpus-per-run 2 asks for 4 GPUs" in capsys.readouterr().err
     assert not any(tmp_path.iterdir())
+    # a dry run may check on a login node a study meant for a GPU machine: a warning, not a refusal
+    assert main([*sweep_args(tmp_path), *grid, "--jobs", "3", "--dry-run"]) == 0
+    err = capsys.readouterr().err
+    assert err.startswith("\nwarning: --jobs 3 asks for 3 GPUs") and err.count("\n") == 2
 
 
 def test_the_dry_run_says_where_each_run_goes(gpus, tmp_path, capsys):

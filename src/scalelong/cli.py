@@ -375,14 +375,18 @@ def _cluster_options(args: argparse.Namespace):
 def _print_plan(cfgs, folder: Path, args: argparse.Namespace | None = None, cluster=None) -> int:
     """``--dry-run`` of a study: check every run as the study would before its first, print the
     runs, where they would train, and the resolved config of the first (model, skips, data, as
-    ``train --dry-run``); write nothing."""
+    ``train --dry-run``); write nothing. GPUs this machine lacks are a warning, not an error: a
+    dry run on a login node checks a study meant for a GPU machine."""
     from scalelong.studies.running import check_plan, placement_line, plan_table
 
     check_plan(cfgs)
     print(f"{len(cfgs)} runs in {folder / 'runs'}; report in {folder}")
     print(plan_table(cfgs))
     if args is not None:
-        print("\n" + placement_line(cfgs, args.jobs, args.gpus_per_run, cluster))
+        try:
+            print("\n" + placement_line(cfgs, args.jobs, args.gpus_per_run, cluster))
+        except ScaleLongError as e:  # checked on the machine the study starts on, maybe not this one
+            print(f"\nwarning: {e} (on this machine the study would refuse to start)", file=sys.stderr)
         if cluster is not None:
             print(f"job folder: {cluster.job_folder(folder / 'runs')}")
     print(f"\nthe config of {cfgs[0].name} (the other runs differ only where the table says):\n")
