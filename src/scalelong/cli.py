@@ -143,9 +143,10 @@ def cmd_eval(args: argparse.Namespace) -> int:
     r = evaluate_run(
         args.run_dir, args.n, args.fid_stats, args.metric, args.sampler, args.steps, args.step,
         args.inception_weights, args.batch_size, resolve_device(args.device), not args.no_progress,
-        weights=args.weights,
+        weights=args.weights, mixed_precision=args.mixed_precision,
     )  # fmt: skip
     how = f"{r['checkpoint']}, {r['fd_samples']} samples, {r['fd_sampler']} {r['fd_steps']} steps"
+    how += ", bf16" if r["fd_precision"] == "bf16" else ""
     digits = ""
     if "digits" in r:  # beside FD-MNIST, the readable part: recognisable digits and class balance
         from scalelong.fd_mnist import format_digit_score
@@ -241,6 +242,11 @@ def _add_sampling_commands(sub) -> None:
     p.add_argument("--fid-stats", help="reference statistics from `scalelong fid-stats` (read first)")
     p.add_argument("--metric", choices=METRIC_NAMES, help="default: the run's eval.metric")
     p.add_argument("--inception-weights", help=inception)
+    p.add_argument(
+        "--mixed-precision",
+        choices=("no", "bf16"),
+        help="the sampler's forward; default: the run's eval.mixed_precision",
+    )
     common(p)
     p.set_defaults(func=cmd_eval)
 
