@@ -52,11 +52,26 @@ def ratios(medians: dict[str, float], baseline: str) -> dict[str, float]:
     return {name: t / medians[baseline] for name, t in medians.items()}
 
 
+def cpu_model() -> str:
+    """The CPU's model name (``/proc/cpuinfo`` on Linux): ratios such as bf16 / fp32 depend on it."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
 def machine() -> dict:
+    from scalelong.launch import cpu_has_bf16
+
     info = {
         "python": platform.python_version(),
         "torch": torch.__version__,
-        "cpu": platform.processor() or platform.machine(),
+        "cpu": platform.machine(),
+        "cpu_model": cpu_model(),
+        "cpu_bf16": cpu_has_bf16(),
         "threads": torch.get_num_threads(),
     }
     if torch.cuda.is_available():

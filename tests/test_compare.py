@@ -290,8 +290,10 @@ def test_share_cores_divides_threads_and_clamps_jobs(capsys):
     assert share_cores(1, 8) == (1, 8)
     assert share_cores(2, 8) == (2, 4)
     assert share_cores(3, 8) == (3, 2)
-    assert share_cores(4, 2) == (2, 1)
-    assert "--jobs 4 exceeds the 2 cores" in capsys.readouterr().err
+    assert share_cores(3, 2) == (3, 1)  # single-threaded runs time-share the cores
+    assert capsys.readouterr().err == "--jobs 3 on 2 cores: one thread each, the runs share the cores\n"
+    assert share_cores(5, 2) == (4, 1)
+    assert "--jobs 5 exceeds twice the 2 cores here; running 4 at a time" in capsys.readouterr().err
     with pytest.raises(ScaleLongError, match="--jobs must be >= 1"):
         share_cores(0, 2)
 

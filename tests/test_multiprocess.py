@@ -116,3 +116,62 @@ def test_evaluation_split_over_two_processes_equals_one_process(tmp_path):
     one = TrainingEvaluator(cfg, tmp_path / "elsewhere", "cpu")  # one process
     assert one(2, ema)["fd"] == pytest.approx(record["fd"], rel=1e-6)
     assert one(2, ema, n=7)["fd"] == pytest.approx(best["fd"], rel=1e-6)
+
+
+def test_cpu_processes_launches_data_parallel_processes_of_a_share_of_the_cores(tmp_path, monkeypatch):
+    from scalelong import cli, launch
+
+    launched = []
+    monkeypatch.setattr(launch, "launch_processes", lambda n, args: launched.append((n, args)) or 0)
+    monkeypatch.setattr(launch, "cpu_cores", lambda: 2)
+    monkeypatch.delenv("WORLD_SIZE", raising=False)
+    args = [
+        "train",
+        "configs/demo.yaml",
+        *overrides("cpu", tmp_path),
+        "train.cpu_processes=4",
+        "--no-progress",
+    ]
+    assert cli.main(args) == 0
+    ((n, child),) = launched
+    assert n == 2  # at most one per core
+    assert child[:2] == ["train", "configs/demo.yaml"] and child[-3:] == [
+        "--no-progress",
+        "--num-processes",
+        "1",
+    ]
+    assert not (tmp_path / "cpu").exists()  # the parent trains nothing itself
+
+    launched.clear()
+    monkeypatch.setenv("WORLD_SIZE", "2")  # a launched process does not launch again
+    assert cli.cpu_processes(load_config("configs/demo.yaml", ["train.cpu_processes=2"])) == 1
+    monkeypatch.delenv("WORLD_SIZE")
+    assert cli.cpu_processes(load_config("configs/demo.yaml", ["train.cpu_processes=1"])) == 1
+
+
+def test_launched_cpu_processes_share_the_cores(monkeypatch):
+    from scalelong import launch
+
+    seen = []
+
+    class Done:
+        returncode = 0
+
+        def __init__(self, cmd, env, **_):  # preexec_fn, where signals are ignored
+            seen.append(env["OMP_NUM_THREADS"])
+
+        def poll(self):
+            return 0
+
+        def wait(self, timeout=None):
+            return 0
+
+    monkeypatch.setattr(launch.subprocess, "Popen", Done)
+    monkeypatch.setattr(launch, "cpu_cores", lambda: 8)
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    assert launch.launch_processes(4, ["train", "demo"]) == 0
+    assert seen == ["2"] * 4
+    monkeypatch.setenv("OMP_NUM_THREADS", "3")  # the caller's own choice stands
+    seen.clear()
+    launch.launch_processes(2, ["train", "demo"])
+    assert seen == ["3", "3"]

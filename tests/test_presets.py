@@ -107,7 +107,9 @@ def test_the_stability_preset_is_the_demo_network_at_a_constant_lr(capsys):
     assert stability["train"]["steps"] - o["warmup_steps"] >= 1000  # 1,000 steps at the constant lr
     assert stability["eval"]["every"] == 0
     d = stability["diagnostics"]
-    assert (d["every"], d["noise_levels"], d["noise_levels_every"]) == (25, 256, 600)
+    assert (d["every"], d["noise_levels"], d["noise_levels_every"]) == (25, 256, 0)  # at the end
+    assert d["noise_levels_raw"] and d["noise_levels_at_start"]  # what the lr basin reads
+    assert stability["train"]["mixed_precision"] == "bf16" and o["implementation"] == "fused"
     code, out, err = run_cli(capsys, "train", "stability", "--dry-run")
     assert code == 0, err
     assert "lr_schedule: constant" in out and "skips: cs, kappa=0.5" in out and "data: " in out

@@ -43,10 +43,11 @@ def cmd_train(args: argparse.Namespace) -> int:
     from scalelong.train import train
 
     check_model(cfg.model)  # a shape the model rejects: one line now, before the data is read
-    if args.num_processes > 1:
+    processes = args.num_processes or cpu_processes(cfg)
+    if processes > 1:
         flags = [f for f in ("overwrite", "resume", "no_progress") if getattr(args, f)]
         argv = [args.config, *args.overrides, *(f"--{f.replace('_', '-')}" for f in flags)]
-        return launch_processes(args.num_processes, ["train", *argv])
+        return launch_processes(processes, ["train", *argv, "--num-processes", "1"])
     result = train(cfg, overwrite=args.overwrite, progress=not args.no_progress, resume=args.resume or None)
     if int(os.environ.get("RANK", "0")) != 0:  # the main process reports for the run
         return 0
@@ -56,6 +57,18 @@ def cmd_train(args: argparse.Namespace) -> int:
     if result.samples is not None:
         print(f"samples:    {result.samples}")
     return 0
+
+
+def cpu_processes(cfg) -> int:
+    """The processes ``train.cpu_processes`` asks for: on a CPU-only run not already launched as
+    processes, at most one per core; else 1."""
+    from scalelong.launch import cpu_cores, resolve_device
+
+    if cfg.train.cpu_processes <= 1 or "WORLD_SIZE" in os.environ:
+        return 1
+    if resolve_device(cfg.train.device, "train.device=").type != "cpu":
+        return 1
+    return min(cfg.train.cpu_processes, cpu_cores())
 
 
 def cmd_info(args: argparse.Namespace) -> int:
@@ -143,9 +156,10 @@ def cmd_eval(args: argparse.Namespace) -> int:
     r = evaluate_run(
         args.run_dir, args.n, args.fid_stats, args.metric, args.sampler, args.steps, args.step,
         args.inception_weights, args.batch_size, resolve_device(args.device), not args.no_progress,
-        weights=args.weights,
+        weights=args.weights, mixed_precision=args.mixed_precision,
     )  # fmt: skip
     how = f"{r['checkpoint']}, {r['fd_samples']} samples, {r['fd_sampler']} {r['fd_steps']} steps"
+    how += ", bf16" if r["fd_precision"] == "bf16" else ""
     digits = ""
     if "digits" in r:  # beside FD-MNIST, the readable part: recognisable digits and class balance
         from scalelong.fd_mnist import format_digit_score
@@ -241,6 +255,11 @@ def _add_sampling_commands(sub) -> None:
     p.add_argument("--fid-stats", help="reference statistics from `scalelong fid-stats` (read first)")
     p.add_argument("--metric", choices=METRIC_NAMES, help="default: the run's eval.metric")
     p.add_argument("--inception-weights", help=inception)
+    p.add_argument(
+        "--mixed-precision",
+        choices=("no", "bf16"),
+        help="the sampler's forward; default: the run's eval.mixed_precision",
+    )
     common(p)
     p.set_defaults(func=cmd_eval)
 
@@ -275,8 +294,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--num-processes",
         type=_count(1),
-        default=1,
-        help="train on N processes of this machine (GPUs, or CPU with gloo)",
+        default=0,
+        help="train on N processes of this machine (GPUs, or CPU with gloo); default: 1, or on a CPU "
+        "train.cpu_processes",
     )
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.set_defaults(func=cmd_train)

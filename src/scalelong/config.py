@@ -151,6 +151,9 @@ class TrainConfig:
     device: str = "auto"  # auto | cpu | cuda
     mixed_precision: str | bool = "no"  # no | fp16 (loss scaling, GPU only) | bf16; YAML reads no as false
     compile: bool = False  # torch.compile the training forward (diagnostic steps run eager); see benchmarks
+    # `scalelong train` on a CPU: data-parallel processes of one thread each (what --num-processes N
+    # does), up to the cores; 1: one process on every core. Studies place their runs with --jobs.
+    cpu_processes: int = 1
     grad_clip: float = 0.0  # clip the global gradient norm to this; 0: off (the recipe)
     max_nonfinite_steps: int = 20  # stop the run after this many non-finite steps in a row
     checkpoint_every: int = 0  # steps between checkpoints; 0: only at the end
@@ -525,6 +528,7 @@ def validate(cfg: Config) -> None:
             f"train.batch_size={t.batch_size} must be divisible by train.grad_accum={t.grad_accum}"
         )
     _positive("train.log_every", t.log_every)
+    _positive("train.cpu_processes", t.cpu_processes)
     _positive("train.seed", t.seed, allow_zero=True)
     if not 0 <= t.ema_decay < 1:
         raise ScaleLongError(f"train.ema_decay must lie in [0, 1), got {t.ema_decay}")

@@ -421,8 +421,12 @@ def evaluate_run(
     progress: bool = True,
     random_init: bool = False,
     weights: str = "ema",
+    mixed_precision: str | None = None,
 ) -> dict:
     """Sample ``n`` images of a run's checkpoint and score them; the result goes to ``run_dir/eval/``.
+
+    ``mixed_precision`` (``no`` | ``bf16``; default: the run's ``eval.mixed_precision``) is the
+    precision of the sampler's network forward.
 
     ``weights``: the checkpoint's ``ema`` (the default, what the recipe scores) or raw ``model``
     weights, loaded as :meth:`scalelong.runs.RunDir.load_model` does: verified against their
@@ -449,6 +453,8 @@ def evaluate_run(
     cfg, model, ckpt = run.load_model(step, weights, device)
     if batch_size:
         cfg.eval.batch_size = batch_size
+    if mixed_precision is not None:
+        cfg.eval.mixed_precision = mixed_precision
     sampler, steps = sampler or cfg.eval.sampler, steps or cfg.eval.steps
     t0 = time.perf_counter()
     score = score_model(
@@ -468,6 +474,7 @@ def evaluate_run(
         "fd_samples": n,
         "fd_sampler": sampler,
         "fd_steps": steps,
+        "fd_precision": "bf16" if cfg.eval.mixed_precision == "bf16" else "fp32",
         "fd_seconds": time.perf_counter() - t0,
         "reference": str(fid_stats) if fid_stats else "embedded MNIST train",
     }
@@ -477,6 +484,7 @@ def evaluate_run(
     if writer is None and writer_of(run.eval_dir) is None:
         run.eval_dir.mkdir(exist_ok=True)
         tag = "" if weights == "ema" else f"-{weights}"  # the raw weights' score never replaces the EMA's
+        tag += "-bf16" if cfg.eval.mixed_precision == "bf16" else ""  # nor a bf16 one the fp32 one
         name = f"{metric}-{ckpt.name}{tag}-n{n}-{sampler}{steps}.json"
         write_text_atomic(run.eval_dir / name, json.dumps(result, indent=1))
     return result

@@ -146,8 +146,12 @@ def launch_processes(n: int, cli_args: list[str], ignore_signals: Sequence[int] 
             signal.signal(signum, signal.SIG_IGN)
 
     procs = []
+    # Each process's share of the cores (as torchrun does), unless the caller set it: n processes of
+    # the machine's thread count each would oversubscribe the CPU many times over.
+    threads = os.environ.get("OMP_NUM_THREADS") or str(max(1, cpu_cores() // n))
     for rank in range(n):
         env = dict(os.environ, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), WORLD_SIZE=str(n))
+        env["OMP_NUM_THREADS"] = threads
         env.update(RANK=str(rank), LOCAL_RANK=str(rank), LOCAL_WORLD_SIZE=str(n))
         command = [sys.executable, "-m", "scalelong.cli", *cli_args]
         procs.append(subprocess.Popen(command, env=env, preexec_fn=ignore if ignore_signals else None))
@@ -189,18 +193,23 @@ def cpu_cores() -> int:
 def share_cores(jobs: int, cores: int | None = None) -> tuple[int, int]:
     """(workers, torch threads per worker) for ``jobs`` runs at a time on ``cores`` cores.
 
-    More jobs than cores are clamped to the cores, with a warning; each worker gets
-    ``max(1, cores // workers)`` threads, so all of them together stay within the machine.
+    Each worker gets ``max(1, cores // jobs)`` threads, so all of them together stay within the
+    machine. More jobs than cores run one thread each and time-share the cores, which is said in one
+    line: single-threaded runs share a core without the waits that oversubscribed thread pools
+    cost, so 3 runs on 2 cores finish sooner than 2 and then 1 (``benchmarks/sweep_pool.py``);
+    beyond twice the cores they are clamped, with a warning (memory, not speed, is then the limit).
     """
     if jobs < 1:
         raise ScaleLongError(f"--jobs must be >= 1, got {jobs}")
     cores = cores or cpu_cores()
-    if jobs > cores:
+    if jobs > 2 * cores:
         print(
-            f"warning: --jobs {jobs} exceeds the {cores} cores here; running {cores} at a time",
+            f"warning: --jobs {jobs} exceeds twice the {cores} cores here; running {2 * cores} at a time",
             file=sys.stderr,
         )
-        jobs = cores
+        jobs = 2 * cores
+    if jobs > cores:
+        print(f"--jobs {jobs} on {cores} cores: one thread each, the runs share the cores", file=sys.stderr)
     return jobs, max(1, cores // jobs)
 
 
@@ -240,6 +249,13 @@ class Placement:
         each = "one GPU each" if g == 1 else f"{g} GPUs each (one process per GPU, through Accelerate)"
         return f"{self.workers} workers, {each}: {(' | ' if g > 1 else ', ').join(self.gpus)}"
 
+    def for_runs(self, runs: int) -> Placement:
+        """This placement for ``runs`` runs: no idle worker (nor GPUs held by one), and the cores
+        divided among the workers that are left (one worker keeps this process's threads)."""
+        workers = min(self.workers, runs)
+        threads = max(1, cpu_cores() // workers) if workers > 1 else torch.get_num_threads()
+        return Placement(workers, threads, self.gpus[:workers], self.gpus_per_run)
+
 
 def place_runs(jobs: int, gpus_per_run: int = 1, device: str = "auto", runs: int | None = None) -> Placement:
     """Where ``runs`` runs (None: any number) of ``train.device`` ``device`` train, ``jobs`` at a time.
@@ -262,8 +278,8 @@ def place_runs(jobs: int, gpus_per_run: int = 1, device: str = "auto", runs: int
                 f"--gpus-per-run {gpus_per_run}: no GPU is visible here (train.device={device}); "
                 "on the CPU --jobs divides the cores instead"
             )
-        workers = min(share_cores(jobs)[0], runs if runs else jobs)
-        return Placement(workers, share_cores(workers)[1] if workers > 1 else torch.get_num_threads())
+        place = Placement(share_cores(jobs)[0], 0)
+        return place.for_runs(runs or place.workers)
     need = jobs * gpus_per_run
     if need > len(gpus):
         asked = f"--jobs {jobs}" + (f" x --gpus-per-run {gpus_per_run}" if gpus_per_run > 1 else "")
@@ -272,10 +288,8 @@ def place_runs(jobs: int, gpus_per_run: int = 1, device: str = "auto", runs: int
             f"lower --jobs to {len(gpus) // gpus_per_run or 1}"
             + (" or --gpus-per-run" if gpus_per_run > 1 else "")
         )
-    workers = min(jobs, runs if runs else jobs)
-    threads = max(1, cpu_cores() // workers) if workers > 1 else torch.get_num_threads()
-    groups = tuple(",".join(gpus[k * gpus_per_run : (k + 1) * gpus_per_run]) for k in range(workers))
-    return Placement(workers, threads, groups, gpus_per_run)
+    groups = tuple(",".join(gpus[k * gpus_per_run : (k + 1) * gpus_per_run]) for k in range(jobs))
+    return Placement(jobs, 0, groups, gpus_per_run).for_runs(runs or jobs)
 
 
 def _init_worker(threads: int, devices=None) -> None:
@@ -313,17 +327,23 @@ def pool_map(
     """``(i, fn(*args[i]))`` for every i, in the order they finish.
 
     ``jobs`` 1: one after another in this process, its thread settings untouched. ``jobs`` > 1:
-    that many spawned worker processes (at most one per core and per item), each with ``threads``
-    torch threads (default: its share of the cores, :func:`share_cores`); ``fn`` and ``args`` must
-    then pickle. ``gpus``: one ``CUDA_VISIBLE_DEVICES`` value per worker (:class:`Placement`),
-    set in each worker before it runs anything, so worker k sees only its own GPUs as ``cuda:0``
-    (, ``cuda:1``, ...). An exception ends only its own item: it is yielded in place of the result and
-    the other items go on. Ctrl-C, SIGTERM (to this process alone, as a job scheduler sends it) or
-    the caller's own exception ends them all: items not started are cancelled and every worker
-    gets SIGTERM, so a run in flight ends the way an interrupted run does (its last complete
-    checkpoint kept), and no worker outlives the pool.
+    that many spawned worker processes (at most one per item), each with ``threads`` torch threads.
+    Without ``threads`` this divides the cores itself (:func:`share_cores`: at most twice the cores,
+    each worker its share); with them, or with ``gpus``, the caller has placed the workers
+    (:func:`place_runs`). ``fn`` and ``args`` must then pickle. ``gpus``: one
+    ``CUDA_VISIBLE_DEVICES`` value per worker (:class:`Placement`), set in each worker before it
+    runs anything, so worker k sees only its own GPUs as ``cuda:0`` (, ``cuda:1``, ...).
+
+    An exception ends only its own item: it is yielded in place of the result and the other items
+    go on. Ctrl-C, SIGTERM (to this process alone, as a job scheduler sends it) or the caller's own
+    exception ends them all: items not started are cancelled and every worker gets SIGTERM, so a
+    run in flight ends the way an interrupted run does (its last complete checkpoint kept), and no
+    worker outlives the pool.
     """
-    workers = min(share_cores(jobs)[0], len(args), *([len(gpus)] if gpus else []))
+    if gpus or threads:  # placed by the caller (place_runs): its workers, as many as there are items
+        workers = min(jobs, len(args), *([len(gpus)] if gpus else []))
+    else:
+        workers = min(share_cores(jobs)[0] if jobs > 1 else 1, len(args))
     if workers <= 1:
         for i, a in enumerate(args):
             try:
@@ -341,7 +361,7 @@ def pool_map(
         workers,
         mp_context=context,
         initializer=_init_worker,
-        initargs=(threads or share_cores(workers)[1], devices),
+        initargs=(threads or max(1, cpu_cores() // workers), devices),
     )
     try:
         with sigterm_as_interrupt():

@@ -84,6 +84,7 @@ RESUME_FREE_KEYS = (
     "train.compile",
     "train.grad_accum",  # the same steps for any value (up to float summation order)
     "optim.implementation",  # the same update from every AdamW kernel (up to float rounding)
+    "train.cpu_processes",  # the same steps on any number of processes (up to float summation order)
     "train.checkpoint_every",
     "train.keep_checkpoints",
     "train.tensorboard",

@@ -262,8 +262,9 @@ def run_all(
     """
     if jobs is not None and jobs < 1:
         raise ScaleLongError(f"--jobs must be >= 1, got {jobs}")
+    place = None
     if cluster is None and cfgs:  # GPUs asked for that are not here: one line before anything else
-        jobs = place_runs(jobs or 1, gpus_per_run, cfgs[0].train.device).workers  # clamped to the cores
+        place = place_runs(jobs or 1, gpus_per_run, cfgs[0].train.device)
     check_run_dirs(cfgs)
     outcomes = {i: RunOutcome(c.name, "reused") for i, c in enumerate(cfgs) if reusable(RunDir(c.run_dir), c)}
     todo = [i for i in range(len(cfgs)) if i not in outcomes]
@@ -276,7 +277,7 @@ def run_all(
     if cluster is not None:
         todo, results = _submit(cfgs, todo, outcomes, cluster, jobs, gpus_per_run, train_kwargs)
     else:
-        place = place_runs(jobs or 1, gpus_per_run, cfgs[0].train.device, len(todo))
+        place = place.for_runs(len(todo))
         if place.workers > 1 or place.gpus:
             print(f"{len(todo)} runs: {place}", flush=True)
         solo = place.workers == 1
