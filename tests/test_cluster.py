@@ -135,7 +135,7 @@ def test_run_all_hands_each_worker_its_gpus_and_each_run_its_processes(gpus, tmp
     seen = {}
 
     def fake_pool(fn, args, jobs, threads, gpus):
-        seen.update(fn=fn, args=args, jobs=jobs, gpus=gpus)
+        seen.update(fn=fn, args=args, jobs=jobs, threads=threads, gpus=gpus)
         for i, (cfg, *_) in enumerate(args):
             yield i, RunOutcome(cfg.name, "trained")
 
@@ -149,6 +149,11 @@ def test_run_all_hands_each_worker_its_gpus_and_each_run_its_processes(gpus, tmp
     # train.device=cpu: the CPU's pool as before, whatever GPUs there are
     run_all(tiny_configs(tmp_path / "cpu", device="cpu"), jobs=2, progress=False)
     assert seen["gpus"] == () and "2 runs: 2 workers on the CPU" in capsys.readouterr().out
+    # more runs at once than cores: one thread each, said once for the study
+    monkeypatch.setattr(scalelong.launch, "cpu_cores", lambda: 2)
+    run_all(tiny_configs(tmp_path / "cpu3", ("none", "cs", "ls"), device="cpu"), jobs=3, progress=False)
+    assert (seen["jobs"], seen["threads"], seen["gpus"]) == (3, 1, ())
+    assert capsys.readouterr().err == "--jobs 3 on 2 cores: one thread each, the runs share the cores\n"
 
 
 @pytest.mark.slow
@@ -308,7 +313,7 @@ def numbers(sweep: Path) -> list[dict]:
 def test_a_sweep_of_local_jobs_killed_and_requeued_midway_reports_what_the_pool_reports(
     tmp_path, monkeypatch, capsys
 ):
-    """Two runs submitted as submitit jobs (--no-wait), both waiting after their step-8 checkpoint:
+    """Two runs submitted as submitit jobs (--no-wait), both waiting after their step-4 checkpoint:
     one is warned as SLURM warns at a time limit (SIGUSR2: submitit requeues it, the run resumes by
     itself), the other is killed outright. --report-only reports what has finished; the same
     command again resumes the killed run from its checkpoint and reuses the other, and the report
@@ -319,29 +324,29 @@ def test_a_sweep_of_local_jobs_killed_and_requeued_midway_reports_what_the_pool_
     grid = ["--methods", "none,cs", "--lrs", "2e-2", "--depths", "4", "--no-progress"]
 
     def sweep(folder: Path, *flags: str) -> list[str]:
-        overrides = [*learning_uvit_overrides(folder), "train.steps=16", "train.checkpoint_every=8"]
-        return ["sweep", "configs/demo.yaml", *overrides, *grid, *flags]
-
-    assert main(sweep(tmp_path / "pool")) == 0
-    capsys.readouterr()
+        overrides = [*learning_uvit_overrides(folder), "train.steps=8", "train.log_every=2"]
+        return ["sweep", "configs/demo.yaml", *overrides, "train.checkpoint_every=4", *grid, *flags]
 
     # the jobs import the waiting hook from tests/, as the pool's workers would
     monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(TESTS), os.environ.get("PYTHONPATH", "")]))
     command = sweep(tmp_path / "cluster", "--executor", "local", "--jobs", "2")
-    with monkeypatch.context() as m:  # every run of this submission waits after step 8
-        m.setattr(scalelong.sweep, "run_all", waiting_run_all(scalelong.studies.running.run_all, 8))
+    with monkeypatch.context() as m:  # every run of this submission waits after step 4
+        m.setattr(scalelong.sweep, "run_all", waiting_run_all(scalelong.studies.running.run_all, 4))
         assert main([*command, "--no-wait"]) == 0
     out = capsys.readouterr().out
     assert "submitted 2 of 2 runs as local jobs" in out and "--report-only writes the report" in out
     folder = tmp_path / "cluster" / "t-sweep"
     runs = {m: folder / "runs" / f"d4-lr0.02-{m}-seed0" for m in ("none", "cs")}
-    until(lambda: all((r / "checkpoints" / "step-000008").is_dir() for r in runs.values()), "no step 8")
+    until(lambda: all((r / "checkpoints" / "step-000004").is_dir() for r in runs.values()), "no step 4")
     pid = {m: json.loads((r / ".lock").read_text())["pid"] for m, r in runs.items()}
     assert main([*command, "--dry-run"]) == 0  # both jobs hold their runs' locks
     assert capsys.readouterr().out.count(" training\n") == 2
 
     os.kill(pid["cs"], signal.SIGUSR2)  # the time-limit warning: submitit requeues, the run resumes
-    os.kill(pid["none"], signal.SIGKILL)  # gone without a word: its lock and step 8 stay behind
+    os.kill(pid["none"], signal.SIGKILL)  # gone without a word: its lock and step 4 stay behind
+    # while the requeued job trains on: the same sweep through the local pool, here, to compare with
+    assert main(sweep(tmp_path / "pool")) == 0
+    capsys.readouterr()
     until(lambda: not alive(pid["none"]), "the killed job still runs")
     summary = runs["cs"] / "summary.json"
     until(lambda: summary.is_file() and json.loads(summary.read_text())["status"] == "complete", "no requeue")
@@ -349,7 +354,7 @@ def test_a_sweep_of_local_jobs_killed_and_requeued_midway_reports_what_the_pool_
     controllers = {e["run"]: int(e["job"]) for e in ledger}
     until(lambda: not any(alive(p) for p in controllers.values()), "a job's controller still runs")
     cs_log = next((folder / "slurm" / str(controllers["d4-lr0.02-cs-seed0"])).glob("*_log.out"))
-    assert f"resuming {runs['cs']} from step-000008" in cs_log.read_text()  # the requeued job went on
+    assert f"resuming {runs['cs']} from step-000004" in cs_log.read_text()  # the requeued job went on
 
     assert main([*command, "--report-only"]) == 0  # the partial report: what has finished
     assert "1 of 2 runs finished; the others: 1 resume" in capsys.readouterr().out
@@ -360,9 +365,9 @@ def test_a_sweep_of_local_jobs_killed_and_requeued_midway_reports_what_the_pool_
     assert "1 of 2 runs are finished already and reused" in out and "submitted 1 of 1 runs" in out
     ledger = [json.loads(line) for line in (folder / "slurm" / "submitted.jsonl").read_text().splitlines()]
     log = next((folder / "slurm" / ledger[-1]["job"]).glob("*_log.out")).read_text()
-    assert f"resuming {runs['none']} from step-000008" in log
+    assert f"resuming {runs['none']} from step-000004" in log
     steps = [r["step"] for r in map(json.loads, (runs["none"] / "metrics.jsonl").read_text().splitlines())]
-    assert steps == [4, 8, 12, 16]  # nothing lost, nothing twice
+    assert steps == [2, 4, 6, 8]  # nothing lost, nothing twice
     pool = tmp_path / "pool" / "t-sweep"
     assert (folder / "report.md").read_text() == (pool / "report.md").read_text()
     assert numbers(folder) == numbers(pool)
