@@ -202,7 +202,7 @@ class TrainingEvaluator:
                                                              # bad paths fail early
         for step in ...:                                     # step = optimizer steps completed (1-based)
             ...
-            if evaluator.due(step):                          # cfg.eval.every > 0 and step % every == 0
+            if evaluator.due(step):                          # every eval.every steps, and the last one
                 record = evaluator(step, ema)                # samples cfg.eval.num_samples images
                 metrics_log.write({"step": step, **record})  # main process; RunDir.best_step reads them
         ...                                                  # after the last checkpoint is saved:
@@ -245,7 +245,10 @@ class TrainingEvaluator:
         return self._features
 
     def due(self, step: int) -> bool:
-        return self.e.every > 0 and step > 0 and step % self.e.every == 0
+        """Every ``eval.every`` steps, and at the last step: a run always ends with its final score."""
+        if self.e.every <= 0 or step <= 0:
+            return False
+        return step % self.e.every == 0 or step == self.cfg.train.steps
 
     def __call__(self, step: int, ema_model: nn.Module, n: int | None = None) -> dict:
         if self.ref is None:
