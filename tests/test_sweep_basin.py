@@ -287,6 +287,7 @@ def test_a_sweep_report_of_hand_written_runs_draws_the_basin_and_map_json_rebuil
     report = report_sweep(base, sweep).read_text()
     assert "## The lr basin" in report and "![the lr basin](basin.png)" in report
     assert (sweep / "basin.png").read_bytes()[:4] == b"\x89PNG"
+    assert "<figcaption>the lr basin</figcaption>" in (sweep / "report.html").read_text()  # embedded
     assert "of the 12 runs: 12 runs, the run's own step-0 measurement." in report
     table = report.split("### Depth 12\n\n")[1].split("\n\n")[0].splitlines()
     assert table[0].endswith("| best error | at lr | LR sensitivity (trained weights) |")

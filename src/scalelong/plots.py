@@ -498,6 +498,9 @@ def basin_figure(
     if spans_decades(values) if log is None else log and any(v > 0 and math.isfinite(v) for v in values):
         for ax in panels:
             ax.set_yscale("log")
+    else:
+        for ax in panels:
+            ax.ticklabel_format(axis="y", useOffset=False)  # errors as they are, not as offsets from 1
     return fig
 
 
