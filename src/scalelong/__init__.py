@@ -7,6 +7,7 @@ Public API::
     apply_scalelong, remove_scalelong  ScaleLong on third-party models (scalelong.adapters): diffusers
     is_applied, SkipInput              UNets and U-ViT, denoising-diffusion-pytorch's Unet, any network
     PretrainedWeightsWarning           whose skip inputs are declared with SkipInput
+    find_skips, skip_report            those skip inputs found from one forward pass, and their table
     Diagnostics, RunLog, robustness    stability diagnostics from any loop (scalelong.diagnostics)
     load_config, Config                configuration (scalelong.config)
     ScaleLongError                     the error for anything a user can fix
@@ -29,17 +30,27 @@ __all__ = [
     "UNet",
     "UViT",
     "apply_scalelong",
+    "find_skips",
     "is_applied",
     "load_config",
     "remove_scalelong",
     "robustness",
     "skip_coefficients",
+    "skip_report",
 ]
 
 
 def __getattr__(name: str):
     # The diffusers adapter imports diffusers only when it is asked for.
-    if name in ("apply_scalelong", "remove_scalelong", "is_applied", "SkipInput", "PretrainedWeightsWarning"):
+    if name in (
+        "apply_scalelong",
+        "remove_scalelong",
+        "is_applied",
+        "SkipInput",
+        "PretrainedWeightsWarning",
+        "find_skips",
+        "skip_report",
+    ):
         from scalelong import adapters
 
         return getattr(adapters, name)

@@ -7,7 +7,9 @@ adapter by the model's type from :data:`ADAPTERS`, one module per family:
 * ``diffusers.py``: diffusers ``UNet2DModel`` / ``UNet2DConditionModel``;
 * ``uvit_diffusers.py``: diffusers' U-ViT, ``UTransformer2DModel`` and ``UniDiffuserModel``;
 * ``ddpm_pytorch.py``: ``denoising_diffusion_pytorch.Unet``;
-* ``declared.py``: any other network, through ``skips=[SkipInput(...), ...]``.
+* ``declared.py``: any other network, through ``skips=[SkipInput(...), ...]``;
+* ``tracing.py``: those skips found by one forward pass (:func:`find_skips`), which
+  ``apply_scalelong(model, method, example=(x, t))`` uses for a model no adapter knows.
 
 Types are matched by package and class name along the MRO, so subclasses are served and no
 optional package is imported to tell (the diffusers UNet adapter imports diffusers itself, with
@@ -22,26 +24,32 @@ import warnings
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, NamedTuple
 
+import torch
 from torch import nn
 
 from scalelong.adapters import ddpm_pytorch, declared, uvit_diffusers
 from scalelong.adapters import diffusers as diffusers_unets
 from scalelong.adapters.declared import SkipInput
 from scalelong.adapters.diffusers import DiffusersUNet2D, load_scalelong, save_scalelong
+from scalelong.adapters.tracing import FoundSkips, TracedSkip, skip_report, trace_skips
 from scalelong.adapters.uvit_checkpoint import load_uvit_checkpoint
 from scalelong.errors import ScaleLongError
 from scalelong.skips import DEFAULT_KAPPA, find_skip_scaling
 
 __all__ = [
     "DiffusersUNet2D",
+    "FoundSkips",
     "PretrainedWeightsWarning",
     "SkipInput",
+    "TracedSkip",
     "apply_scalelong",
+    "find_skips",
     "is_applied",
     "load_scalelong",
     "load_uvit_checkpoint",
     "remove_scalelong",
     "save_scalelong",
+    "skip_report",
 ]
 
 
@@ -109,6 +117,7 @@ def apply_scalelong(
     skip_channels: Sequence[int] | None = None,
     reduction: int = 16,
     pretrained: bool | None = None,
+    example: Sequence | Mapping | torch.Tensor | None = None,
 ) -> nn.Module:
     """Scale the long skips of ``model`` in place, without changing its code.
 
@@ -135,6 +144,8 @@ def apply_scalelong(
             ScaleLong changes the network's function from the first step and is a from-scratch
             method. ``False`` silences the warning (also right for ``from_config`` of a loaded
             model's config, which copies ``_name_or_path`` onto fresh weights).
+        example: for a model no adapter knows and no ``skips``: the inputs of one forward pass,
+            ``(x, t)`` (or a dict of keyword inputs), on which :func:`find_skips` finds the skips.
 
     New LS parameters live in ``model.scalelong``; create the optimizer after this call.
     Returns ``model``.
@@ -158,9 +169,12 @@ def apply_scalelong(
         )
     else:
         adapter = _adapter(model)
-        if adapter is None:
+        if adapter is not None:
+            adapter.apply(model, method, kappa, reduction)
+        elif example is not None and find_skip_scaling(model) is None:
+            _apply_found(model, method, kappa, example, reduction)
+        else:
             raise _unsupported(model)
-        adapter.apply(model, method, kappa, reduction)
     _warn_if_pretrained(model, pretrained)
     return model
 
@@ -187,7 +201,54 @@ def is_applied(model: nn.Module) -> bool:
     return declared.is_hooked(model) or (adapter is not None and adapter.is_applied(model))
 
 
+def find_skips(model: nn.Module, *example_inputs: object, **example_kwargs: object) -> FoundSkips:
+    """The long skips of ``model``, outermost first, read off one forward pass on an example input.
+
+    ``model(*example_inputs, **example_kwargs)`` runs once without gradients, in eval mode (the
+    training flags and the random number generator are restored after). The first tensor input
+    is the image x_t: skips are what depends on it. Pass the inputs the model is trained with, at
+    a small batch: ``find_skips(net, torch.randn(1, 3, 32, 32), torch.full((1,), 0.5))``. How the
+    skips are told apart from the main path and the conditioning: :mod:`scalelong.adapters.tracing`.
+
+    Returns a :class:`~scalelong.adapters.tracing.FoundSkips`: a sequence of :class:`SkipInput`
+    that ``apply_scalelong(model, method, skips=found, skip_channels=found.skip_channels)``
+    installs (``apply_scalelong(model, method, example=(x, t))`` does both), with each skip's
+    module path, producer and shape; ``print(found)`` shows the table of :func:`skip_report`.
+    Raises one :class:`ScaleLongError` where it finds no skip, where the pairing is ambiguous (a
+    skip that reaches two decoder modules, skips merged in two calls, skips not merged in reverse
+    order, a merging module called twice), or where the forward pass fails.
+    """
+    if declared.is_hooked(model):
+        raise ScaleLongError(
+            f"find_skips: ScaleLong is applied to this {type(model).__name__}; find its skips before "
+            "apply_scalelong (or call remove_scalelong first)"
+        )
+    return trace_skips(model, example_inputs, example_kwargs, SkipInput)
+
+
 # ----------------------------------------------------------------------------- helpers
+
+
+def _apply_found(
+    model: nn.Module,
+    method: str,
+    kappa: float | None,
+    example: Sequence | Mapping | torch.Tensor,
+    reduction: int,
+) -> None:
+    """Install the skips :func:`find_skips` reads off one forward pass on ``example``."""
+    if isinstance(example, torch.Tensor):
+        found = find_skips(model, example)
+    elif isinstance(example, Mapping):
+        found = find_skips(model, **example)
+    elif isinstance(example, Sequence) and not isinstance(example, str):
+        found = find_skips(model, *example)
+    else:
+        raise ScaleLongError(
+            "example must be the model's inputs, a tuple such as (x, t) or a dict, "
+            f"got {type(example).__name__}"
+        )
+    declared.install(model, method, kappa, reduction=reduction, **found.install_kwargs())
 
 
 def _adapter(model: nn.Module) -> Adapter | None:
@@ -214,7 +275,8 @@ def _unsupported(model: nn.Module) -> ScaleLongError:
         )
     return ScaleLongError(
         f"apply_scalelong supports {SUPPORTED}; got {name}: declare its skip inputs instead, "
-        "apply_scalelong(model, method, skips=[SkipInput(module, arg=...), ...]) (see scalelong.SkipInput)"
+        "apply_scalelong(model, method, skips=[SkipInput(module, arg=...), ...]) (see scalelong.SkipInput), "
+        "or let them be found from one forward pass: apply_scalelong(model, method, example=(x, t))"
     )
 
 
