@@ -227,3 +227,20 @@ def test_an_array_trains_like_a_folder(tmp_path, capsys):
     assert "images from" in capsys.readouterr().out
     assert main(["train", "configs/demo.yaml", *overrides, "--no-progress"]) == 0
     assert "final loss" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("channels", [3, 1])
+def test_a_folder_of_mixed_grey_rgb_and_rgba_files_reads_as_data_channels(tmp_path, channels):
+    """Mixed channel counts are converted, not refused: grey copied, RGB to luminance, alpha dropped."""
+    (tmp_path / "imgs").mkdir()
+    Image.new("L", (8, 8), 100).save(tmp_path / "imgs" / "a.png")
+    Image.new("RGB", (8, 8), (200, 100, 0)).save(tmp_path / "imgs" / "b.png")
+    Image.new("RGBA", (8, 8), (0, 0, 250, 7)).save(tmp_path / "imgs" / "c.png")
+    ds = load_dataset("folder", str(tmp_path / "imgs"), "all", channels=channels)
+    images = torch.stack([ds[i][0] for i in range(3)])
+    assert images.shape == (3, channels, 8, 8)
+    pixel = ((images[:, :, 0, 0] + 1) * 127.5).round().int().tolist()  # back to 0..255
+    grey_of = [round(0.299 * 200 + 0.587 * 100), round(0.114 * 250)]  # PIL's ITU-R 601-2 luma
+    assert pixel == (
+        [[100, 100, 100], [200, 100, 0], [0, 0, 250]] if channels == 3 else [[100], *([g] for g in grey_of)]
+    )
