@@ -50,7 +50,7 @@ from scalelong.errors import ScaleLongError
 from scalelong.skips import SkipRow, SkipScaling, skip_table
 
 _CATS = {torch.cat, torch.concat, torch.concatenate}
-ADVICE = "declare the skips with SkipInput instead (scalelong.SkipInput)"
+_ADVICE = "declare the skips with SkipInput instead (scalelong.SkipInput)"
 
 
 # ----------------------------------------------------------------------------- what is found
@@ -398,8 +398,8 @@ def _trace(model: nn.Module, tracer: _Tracer, args: tuple, kwargs: dict) -> list
 
 
 class Session:
-    """A trace of one real call of ``model``, begun in its forward pre-hook (:func:`begin`) and ended
-    in its forward hook (:meth:`end`): the forward runs as it would, only watched."""
+    """A trace of one real call of ``model``, begun in its forward pre-hook (made there) and ended in
+    its forward hook (:meth:`end`): the forward runs as it would, its gradients included, only watched."""
 
     def __init__(self, model: nn.Module, args: tuple, kwargs: dict):
         self.model, self.tracer = model, _Tracer({id(m): path for path, m in model.named_modules()})
@@ -520,7 +520,7 @@ def pair(reading: Reading) -> list[Merge]:
     if not candidates:
         raise ScaleLongError(
             f"find_skips found no long skip in {name}: no tensor the encoder makes reaches a later module "
-            f"beside the main path; if it has skips, {ADVICE}"
+            f"beside the main path; if it has skips, {_ADVICE}"
         )
     depth = min(m.call.depth for m, _ in candidates)
     parents = {id(m.call.parent): m.call.parent for m, _ in candidates if m.call.depth == depth}
@@ -528,7 +528,7 @@ def pair(reading: Reading) -> list[Merge]:
         where = " and ".join(sorted(f"'{p.path or name}'" for p in parents.values() if p is not None))
         raise ScaleLongError(
             f"find_skips: {name} merges long skips in more than one call ({where}); run find_skips on the "
-            f"network that holds the skips, or {ADVICE}"
+            f"network that holds the skips, or {_ADVICE}"
         )
     chosen = [m for m, _ in candidates if m.call.depth == depth]
     by_root: dict[int, list[Merge]] = {}
@@ -539,7 +539,7 @@ def pair(reading: Reading) -> list[Merge]:
             places = ", ".join(f"'{m.call.path}'" for m in merges)
             raise ScaleLongError(
                 f"find_skips: the output of '{merges[0].root.producer}' reaches {len(merges)} decoder "
-                f"modules ({places}), so which one it is a skip of is ambiguous; {ADVICE}"
+                f"modules ({places}), so which one it is a skip of is ambiguous; {_ADVICE}"
             )
     chosen.sort(key=lambda m: m.root.born)
     _check_lifo(chosen, name)
@@ -609,7 +609,7 @@ def _check_lifo(chosen: list[Merge], name: str) -> None:
             raise ScaleLongError(
                 f"find_skips: in {name} the skip made by '{b.root.producer}' (after '{a.root.producer}') is "
                 f"merged by '{b.call.path}', after '{a.call.path}' merges the earlier one: the skips are not "
-                f"merged in reverse order, so which is the outermost is ambiguous; {ADVICE}"
+                f"merged in reverse order, so which is the outermost is ambiguous; {_ADVICE}"
             )
 
 
@@ -621,7 +621,7 @@ def _check_called_once(calls: list[_Call], chosen: list[Merge], name: str) -> No
         if counts[id(m.call.module)] > 1:
             raise ScaleLongError(
                 f"find_skips: '{m.call.path}' of {name} runs {counts[id(m.call.module)]} times in one "
-                f"forward pass, and a SkipInput names a module, not one of its calls; {ADVICE}"
+                f"forward pass, and a SkipInput names a module, not one of its calls; {_ADVICE}"
             )
 
 
