@@ -119,6 +119,25 @@ def test_basin_numbers_on_constructed_cells():
     assert deep.seed_sensitivity() == pytest.approx({0: statistics.fmean([0.5, 0.8]) - 0.5})
 
 
+def test_feature_growth_alone_is_not_divergence_in_the_basin():
+    # At a constant lr the features of a run that trains well can grow 100x: the sweep reports it,
+    # the basin reads its error. Non-finite steps and a loss that never fell still count.
+    grew = (Divergence("feature_norm", 400, "ended at 2.4e+03 x its first value"),)
+    stuck = (Divergence("loss", 400, "ended at 0.95 x the input-free loss"),)
+
+    def run(k, error, breaks):
+        return SeedSummary(k, x0_error=error, x0_error_start=1.0, breaks=breaks)
+
+    cells = [
+        CellSummary(Cell(12, 1e-3, "none"), [run(0, 0.3, ()), run(1, 0.3, ())]),
+        CellSummary(Cell(12, 2e-2, "none"), [run(0, 0.2, grew), run(1, 0.9, stuck)]),
+    ]
+    (basin,) = basins(cells)
+    assert basin.counts() == {1e-3: (0, 2), 2e-2: (1, 2)}
+    assert [r.kind() for r in basin.at(2e-2)] == ["ok", "diverged"]
+    assert basin.seed_sensitivity() == pytest.approx({0: 0.25 - 0.2, 1: 0.65 - 0.3})
+
+
 def test_the_report_section_tables_the_basin_and_says_which_cap(tmp_path):
     parts, found = basin_section(study(), tmp_path)
     assert parts[0] == "## The lr basin" and (tmp_path / "basin.png").read_bytes()[:4] == b"\x89PNG"

@@ -47,6 +47,13 @@ CAP_SOURCES = {
 }
 
 
+# What counts as diverged in the basin: the run stopped on non-finite steps or its loss never fell below
+# the input-free loss. Not the sweep's feature-growth criterion: at a constant lr the hidden features of
+# runs that still train can grow 100x and more, and the capped error already charges a run that ends
+# worse than the untrained model at that model's error.
+BASIN_CRITERIA = ("nonfinite", "loss")
+
+
 def method_order(method: str) -> tuple[int, str]:
     """The methods in the order of :data:`scalelong.skips.METHODS` (``none`` first), others after."""
     return (METHODS.index(method) if method in METHODS else len(METHODS), method)
@@ -93,7 +100,7 @@ class BasinRun:
     ]  # final held-out x0 error per weights ("ema", "raw"); NaN not logged, inf not finite
     cap: float  # l0, the untrained model's error (NaN: none found)
     cap_source: str  # a key of CAP_SOURCES ("" where none was found)
-    diverged: bool  # by the sweep's divergence rule
+    diverged: bool  # by the sweep's divergence rule, its feature-growth criterion aside (BASIN_CRITERIA)
 
     def value(self, weights: str = "ema") -> float:
         """The capped error v the LR sensitivity reads (:func:`capped_error`)."""
@@ -234,7 +241,8 @@ def basins(cells: Sequence[CellSummary]) -> list[Basin]:
         for j, r in enumerate(c.runs):
             cap, source = caps[i, j]
             error = {w: getattr(r, key) for w, key in _ERROR.items()}
-            basin.runs.append(BasinRun(c.cell.lr, r.seed, error, cap, source, bool(r.breaks)))
+            broke = any(b.criterion in BASIN_CRITERIA for b in r.breaks)
+            basin.runs.append(BasinRun(c.cell.lr, r.seed, error, cap, source, broke))
     return sorted(found.values(), key=lambda b: (-1 if b.depth is None else b.depth, method_order(b.method)))
 
 
@@ -362,8 +370,10 @@ def basin_section(cells: Sequence[CellSummary], sweep_dir: Path) -> tuple[list[s
         f"![the lr basin]({png.name})",
         "**LR sensitivity** (Wortsman et al.): per seed, over the lr grid of the depth (every lr a "
         "method trained there), the mean of v(lr) = min(ℓ(lr), ℓ0) (ℓ0 where the run diverged) less "
-        "the grid's minimum of v; the table gives its mean over the seeds that have a value at every "
-        "lr of the grid, ± the half-width of a 95% t-interval, and its difference to the first "
+        "the grid's minimum of v (diverged: non-finite steps or a loss that never fell below the "
+        "input-free loss; the feature norm's growth alone does not count here); the table gives its "
+        "mean over the seeds that have a value at every lr of the grid, ± the half-width of a 95% "
+        "t-interval, and its difference to the first "
         "method's, paired by seed. A wider basin reads as a larger largest stable lr and a smaller "
         "LR sensitivity. **Largest stable lr**: no seed diverged there nor at any smaller lr tried. "
         "**Best error**: the lowest mean capped error over the grid (EMA weights) and its lr.",
