@@ -54,6 +54,12 @@ REGISTRY = {
         device_flag=False,
         default=False,
     ),
+    "cpu_processes": Bench(
+        "cpu_processes",
+        "scalelong train demo as processes of one thread vs one process",
+        device_flag=False,
+        default=False,
+    ),
     "throughput": Bench("throughput", "img/s and peak memory of the shipped configs"),
     "loader_vs_step": Bench("loader_vs_step", "CIFAR-10 loader vs training step", device_flag=False),
     "sampling_throughput": Bench(
@@ -295,6 +301,20 @@ def train_step_section(quick: bool) -> list[str]:
     ]
 
 
+def cpu_processes_section(quick: bool) -> list[str]:
+    """One run of the demo on the CPU's cores as one process or as processes of one thread each."""
+    r, mode = load("cpu_processes", quick)
+    if r is None:
+        return []
+    return [
+        f"**One run on {r['cores']} cores** (`python -m benchmarks.cpu_processes`: `scalelong train demo`, "
+        f"{r['steps']} steps, `train.cpu_processes`, {r['repeats']} alternating repeats, {mode}; the "
+        "logged training throughput after the first quarter of the steps, and the command's wall time).",
+        "",
+        r["table"],
+    ]
+
+
 def data_sampling_section(quick: bool) -> list[str]:
     rows = []
     r, mode = load("loader_vs_step", quick)
@@ -359,6 +379,7 @@ def summary(quick: bool) -> str:
         throughput_section,
         fast_path_section,
         train_step_section,
+        cpu_processes_section,
         data_sampling_section,
         studies_section,
     ]

@@ -155,6 +155,10 @@ def test_the_resolution_sentence_gives_the_smallest_speed_up_the_spacing_can_sho
     assert "so no speed-up can show" in reading([summary("none", steps=100)], "none", 100, 700, 1)
     # exactly 1.5x (S = 3E) is resolvable
     assert "300 / 200 = 1.50x." in reading([summary("none", steps=300)], "none", 100, 700, 1)
+    # a last step that is no multiple of E is evaluated too: the evaluation before it is the last multiple
+    assert "every 1400 of 2100 steps, the smallest speed-up that can show is 2100 / 1400 = 1.50x." in reading(
+        [summary("none", steps=2100)], "none", 1400, 2100, 1
+    )
 
 
 def test_divergences_and_runs_without_evaluations():

@@ -147,6 +147,7 @@ def image_folder_run(tmp_path, steps: int = 2) -> tuple[list[str], object]:
     overrides = tiny_uvit_overrides("corrupt", tmp_path / "runs", steps=steps) + [
         "data.name=folder",
         f"data.path={images}",
+        "data.heldout=0",  # four images: none to spare for the noise-level probe
         "data.num_workers=1",
         "model.uvit.in_channels=3",
         "model.uvit.img_size=16",
@@ -223,7 +224,7 @@ def test_grey_image_folder_loads_with_one_channel_and_trains(tmp_path, capsys):
     rgb = load_dataset("folder", str(images))[0][0]  # the default: RGB, three equal channels
     assert rgb.shape == (3, 16, 16) and torch.equal(rgb[0], rgb[2])
 
-    base = [*tiny_uvit_overrides("grey", tmp_path / "runs", steps=2), "data.name=folder"]
+    base = [*tiny_uvit_overrides("grey", tmp_path / "runs", steps=2), "data.name=folder", "data.heldout=0"]
     base += [f"data.path={images}", "model.uvit.img_size=16", "train.batch_size=4", "train.device=cpu"]
     for extra, words in (
         (["model.uvit.in_channels=1"], ["data.channels=3", "model.uvit.in_channels=1", "data.channels=1"]),

@@ -9,8 +9,9 @@ The rules, so a page can say what it likes as long as it stays true:
   with ``>>>`` run as doctests in the same namespace. Sockets are closed and the Hugging Face
   libraries are offline while they run: a snippet may not download anything (show a local
   folder written by an earlier block instead of ``from_pretrained("hub-id")``).
-* ```bash blocks: every line (``\\`` continuations joined, comments dropped, ``&&`` split) is
-  one command, and every command needs a rule here, or the test fails:
+* ```bash blocks: every line (``\\`` continuations joined, comments dropped, ``&&`` split,
+  leading ``NAME=value`` environment assignments dropped) is one command, and every command
+  needs a rule here, or the test fails:
 
   - ``scalelong info`` and ``scalelong configs`` run.
   - ``scalelong train`` runs with ``--dry-run`` when its data are on this machine (the embedded
@@ -34,6 +35,13 @@ The rules, so a page can say what it likes as long as it stays true:
     module can be imported (benchmarks and checks take minutes). ``mkdocs``: tests/test_docs_build.py.
   - Validated means: parsed by ``scalelong.cli``'s parser exactly as ``scalelong`` would, and the
     config, if the command takes one, loaded and validated with its overrides.
+
+* A page that holds the line ``<!-- docs-test: run at toy size: OVERRIDES -->`` (OVERRIDES may
+  be empty) runs instead every ``scalelong`` command it shows, in order, in one temporary
+  working directory: first every block with a ``title="file"`` is written to that file, and a
+  config's missing ``data.path`` of a folder or an array becomes a few random images of the
+  model's input shape; then each command runs with :data:`TOY_RUN` and the page's OVERRIDES
+  appended, ``--seeds`` 1, the first two of ``--lrs``, and ``--jobs`` / ``--num-processes`` 1.
 """
 
 from __future__ import annotations
@@ -61,6 +69,7 @@ class Block:
     lang: str
     code: str
     line: int  # line of the first code line in the page, 1-based
+    title: str = ""  # the fence's title="..." (a file the page shows)
 
     def where(self, page: Path) -> str:
         return f"{page.relative_to(ROOT)}:{self.line}"
@@ -75,11 +84,12 @@ def fenced_blocks(text: str) -> list[Block]:
             i += 1
             continue
         indent, fence, lang = m.groups()
+        title = re.search(r'title="([^"]+)"', lines[i])
         body, j = [], i + 1
         while j < len(lines) and not lines[j].strip().startswith(fence):
             body.append(lines[j][len(indent) :] if lines[j].startswith(indent) else lines[j].lstrip())
             j += 1
-        blocks.append(Block(lang.lower(), "\n".join(body) + "\n", i + 2))
+        blocks.append(Block(lang.lower(), "\n".join(body) + "\n", i + 2, title.group(1) if title else ""))
         i = j + 1
     return blocks
 
@@ -146,6 +156,8 @@ def commands(code: str) -> list[list[str]]:
     out = []
     for line in code.replace("\\\n", " ").splitlines():
         words = shlex.split(line, comments=True)
+        while words and re.fullmatch(r"[A-Za-z_]\w*=.*", words[0]):  # CUDA_VISIBLE_DEVICES=0 cmd
+            words = words[1:]
         while words:
             cut = words.index("&&") if "&&" in words else len(words)
             out.append(words[:cut])
@@ -353,12 +365,15 @@ def wrapped(words: list[str], where: str) -> list[list[str]]:
     pytest.fail(f"{where}: sbatch without --wrap: nothing to check")
 
 
-def check_shell_command(words: list[str], where: str, capsys) -> None:
+def check_shell_command(words: list[str], where: str, capsys, toy: bool = False) -> None:
+    """Check one command of a page (``toy``: a page run at toy size elsewhere; here only parsed)."""
     if words[0] == "sbatch":
         for inner in wrapped(words, where):
-            check_shell_command(inner, where, capsys)
+            check_shell_command(inner, where, capsys, toy)
     elif words[0] != "scalelong":
         check_non_cli(words, where)
+    elif toy:
+        cli_parse(words[1:])
     elif words[1] in FAST:
         check_command(words[1:], where, capsys)
     else:
@@ -368,15 +383,17 @@ def check_shell_command(words: list[str], where: str, capsys) -> None:
 
 @pytest.mark.parametrize("page", [p for p in GUIDE if blocks_of(p, ("bash", "sh", "shell"))], ids=page_id)
 def test_shell_commands_of_the_guide_parse_and_validate(page: Path, offline, capsys, monkeypatch):
-    """Every command is known; the fast kinds (info, train --dry-run, ...) run here."""
+    """Every command is known; the fast kinds (info, train --dry-run, ...) run here (a page that
+    runs at toy size runs them in :func:`test_a_toy_size_page_runs_every_command`)."""
     if page.name in GPUS_OF_THE_PAGE:
         import scalelong.launch
 
         names = [str(i) for i in range(GPUS_OF_THE_PAGE[page.name])]
         monkeypatch.setattr(scalelong.launch, "visible_gpus", lambda: names)
+    toy = toy_overrides(page) is not None
     for block in blocks_of(page, ("bash", "sh", "shell", "console")):
         for words in commands(block.code):
-            check_shell_command(words, block.where(page), capsys)
+            check_shell_command(words, block.where(page), capsys, toy)
 
 
 @pytest.fixture(scope="module")
@@ -411,3 +428,102 @@ def test_recorded_study_commands_still_parse_and_validate():
             if argv[0] in STUDIES:
                 assert validate_study(args) > 0, where
             assert cfg is not None
+
+
+# ----------------------------------------------------------------------------- pages run at toy size
+
+# What turns a page's study into a toy: a few steps of a small batch, on the CPU, nothing drawn.
+TOY_RUN = [
+    "train.steps=4",
+    "train.batch_size=4",
+    "train.log_every=2",
+    "train.checkpoint_every=0",
+    "train.tensorboard=false",
+    "train.device=cpu",
+    "optim.warmup_steps=1",
+    "diagnostics.every=2",
+    "diagnostics.noise_levels=4",
+    "diagnostics.noise_levels_every=0",
+    "eval.every=0",
+    "sample.num_images=0",
+]
+TOY_MARK = re.compile(r"^<!-- docs-test: run at toy size:(.*)-->\s*$", re.M)
+
+
+def toy_overrides(page: Path) -> list[str] | None:
+    """The page's extra toy overrides, or None for a page that does not run at toy size."""
+    m = TOY_MARK.search(page.read_text())
+    return None if m is None else m.group(1).split()
+
+
+def toy_argv(argv: list[str], extra: list[str]) -> list[str]:
+    """``argv`` at toy size: one seed, two learning rates, one job and one process."""
+    out, i = [], 0
+    while i < len(argv):
+        word = argv[i]
+        if word in ("--seeds", "--jobs", "--num-processes") and i + 1 < len(argv):
+            out += [word, "1"]
+            i += 2
+        elif word == "--lrs" and i + 1 < len(argv):
+            out += [word, ",".join(argv[i + 1].split(",")[:2])]
+            i += 2
+        else:
+            out.append(word)
+            i += 1
+    options = [w for w in out if w.startswith("-")]
+    first = out.index(options[0]) if options else len(out)
+    toy = [*out[:first], *TOY_RUN, *extra, *out[first:]]  # overrides before the options
+    return toy + (["--no-progress"] if has_option(argv[0], "--no-progress") else [])
+
+
+def make_toy_data(cfg) -> None:
+    """A few random images of the model's input shape where the config's folder or array is missing."""
+    import numpy as np
+    from PIL import Image
+
+    from scalelong.build import model_input_shape
+
+    path = Path(cfg.data.path or "")
+    if cfg.data.name not in ("folder", "array") or path.exists():
+        return
+    c, h, w = model_input_shape(cfg.model)
+    pixels = np.random.default_rng(0).integers(0, 256, (16, h, w, c), dtype=np.uint8)
+    if cfg.data.name == "array":
+        path.parent.mkdir(parents=True, exist_ok=True)
+        np.save(path, pixels)
+        return
+    path.mkdir(parents=True)
+    for i, image in enumerate(pixels):
+        Image.fromarray(image[..., 0] if c == 1 else image).save(path / f"{i:02d}.png")
+
+
+TOY_PAGES = [p for p in GUIDE if toy_overrides(p) is not None]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("page", TOY_PAGES, ids=page_id)
+def test_a_toy_size_page_runs_every_command(page: Path, offline, capsys):
+    extra = toy_overrides(page)
+    blocks = fenced_blocks(page.read_text())
+    for block in blocks:
+        if block.title:
+            (offline / block.title).write_text(block.code)
+    ran = 0
+    for block in blocks:
+        if block.lang not in ("bash", "sh", "shell"):
+            continue
+        for words in commands(block.code):
+            where = block.where(page)
+            if words[0] != "scalelong":
+                check_non_cli(words, where)
+                continue
+            args = cli_parse(words[1:])
+            cfg = load(args) if hasattr(args, "config") else None
+            held = ["data.heldout=4"] if cfg is not None and cfg.data.name in ("folder", "array") else []
+            argv = toy_argv(words[1:], [*held, *extra])
+            if cfg is not None:
+                make_toy_data(cfg)
+            code, text = run_cli(argv, capsys)
+            assert code == 0, f"{where}: scalelong {shlex.join(argv)}\n{text}"
+            ran += 1
+    assert ran, f"{page_id(page)} runs at toy size but shows no scalelong command"

@@ -142,6 +142,9 @@ LIBRARY = {
     "scalelong.adapters.ddpm_pytorch",
     "scalelong.adapters.uvit_checkpoint",
     "scalelong.saving",
+    "scalelong.declaration",
+    "scalelong.tracing",
+    "scalelong.checking",
     "scalelong.diagnostics",
     "scalelong.diffusion",
     "scalelong.optim",
@@ -152,11 +155,14 @@ LIBRARY = {
     "scalelong.metric_names",
 }
 APPLICATION = {"scalelong.runs", "scalelong.build", "scalelong.config", "scalelong.train", "scalelong.data"}
+APPLICATION |= {"scalelong.user_model"}
 APPLICATION |= {"scalelong.checkpoint", "scalelong.compare", "scalelong.sweep", "scalelong.cli"}
 APPLICATION |= {"scalelong.studies", "scalelong.studies.running", "scalelong.studies.report"}
 
 # What `from scalelong import <the library's names>` loads in a fresh interpreter, exactly.
-LIBRARY_NAMES = "apply_scalelong, Diagnostics, RunLog, SkipInput, describe, save_scalelong, load_scalelong"
+LIBRARY_NAMES = (
+    "apply_scalelong, find_skips, Diagnostics, RunLog, SkipInput, describe, save_scalelong, load_scalelong"
+)
 LIBRARY_CLOSURE = {"scalelong", *LIBRARY} - {"scalelong.optim"}
 
 

@@ -4,6 +4,7 @@ import math
 
 import pytest
 import torch
+import yaml
 
 from scalelong.build import build_model
 from scalelong.checkpoint import save_checkpoint
@@ -344,3 +345,33 @@ def test_a_key_added_since_a_run_was_written_reads_as_its_default():
     stored = config_to_dict(cfg)
     del stored["model"]["uvit"]["mlp_conv"]
     assert config_differences(stored, config_to_dict(cfg)) == ["model.uvit.mlp_conv: False -> True"]
+
+
+def test_a_folder_run_written_before_data_heldout_resumes_on_all_its_images(tmp_path):
+    """Before data.heldout a folder run trained on every image: its missing key reads 0, so the
+    same command no longer resumes it on fewer images, and data.heldout=0 resumes it as it was."""
+    (tmp_path / "images").mkdir()
+    folder = [
+        "data.name=folder",
+        f"data.path={tmp_path / 'images'}",
+        "data.channels=1",
+        f"out_dir={tmp_path}",
+    ]
+    cfg = load_config("demo", folder)
+    assert cfg.data.heldout == cfg.diagnostics.noise_levels > 0  # a new run holds images out
+    stored = config_to_dict(cfg)
+    del stored["data"]["heldout"]
+    assert config_differences(stored, config_to_dict(cfg)) == [f"data.heldout: 0 -> {cfg.data.heldout}"]
+    old = load_config("demo", [*folder, "data.heldout=0"])
+    assert config_differences(stored, config_to_dict(old)) == []
+    run = RunDir(cfg.run_dir)
+    run.path.mkdir(parents=True)
+    run.config_file.write_text(yaml.safe_dump(stored))
+    with run.writing(), pytest.raises(ScaleLongError) as info:
+        run.prepare(cfg)
+    assert "written before data.heldout and trained on all its images: resume it with data.heldout=0" in str(
+        info.value
+    )
+    digits = config_to_dict(load_config("demo"))  # a dataset with a split of its own: 0 as before
+    del digits["data"]["heldout"]
+    assert config_differences(digits, config_to_dict(load_config("demo"))) == []

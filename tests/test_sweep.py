@@ -104,8 +104,10 @@ def test_sweep_records_divergence_reuses_runs_and_adds_seeds(tmp_path, capsys):
     assert "| none | 0.02 | 1 | " in report and "| 0/1 |" in report
     assert "| none | 1000 | 1 | " in report and "| 1/1 (nonfinite) |" in report
     assert "- `d4-lr1000-cs-seed0`: nonfinite at step 4" in report
-    rows = [line for line in out.splitlines() if line.startswith("| none ") or line.startswith("| cs ")]
+    stability, basin = out.split("lr basin, depth 4:")  # the stability table, then the lr basin's
+    rows = [line for line in stability.splitlines() if line.startswith("| none ") or line.startswith("| cs ")]
     assert rows == [line for line in rows if "| 0.02 |" in line] and len(rows) == 2  # largest stable lr
+    assert "| none | 0.02 | 0/1" in basin and "| 1/1 |" in basin and (sweep / "basin.png").is_file()
     assert f"report: {sweep / 'report.md'}" in out
 
     # the same command again: every run is reused, none retrained

@@ -140,3 +140,14 @@ def test_grad_accum_must_divide_the_batch():
     assert micro_batch_size(1024, 8, 4) == 32
     with pytest.raises(ScaleLongError, match=r"^train.batch_size=32 must be divisible by 3 process\(es\) x "):
         micro_batch_size(32, 3, 2)
+
+
+def test_a_run_is_evaluated_at_its_last_step_too():
+    from scalelong.evaluation import TrainingEvaluator
+
+    cfg = load_config("configs/demo.yaml", ["train.steps=1950", "eval.every=1300"])
+    evaluator = TrainingEvaluator.__new__(TrainingEvaluator)  # due() reads the config only
+    evaluator.cfg, evaluator.e = cfg, cfg.eval
+    assert [s for s in range(1, 1951) if evaluator.due(s)] == [1300, 1950]
+    cfg.eval.every = 0
+    assert not any(evaluator.due(s) for s in (1300, 1950))

@@ -7,7 +7,8 @@ Public API (the library: what your own training loop imports; torch and safetens
     UViT, UNet                         backbones (scalelong.models)
     apply_scalelong, remove_scalelong  ScaleLong on third-party models (scalelong.adapters): diffusers
     is_applied, SkipInput              UNets and U-ViT, denoising-diffusion-pytorch's Unet, any network
-    PretrainedWeightsWarning           whose skip inputs are declared with SkipInput
+    PretrainedWeightsWarning           whose skip inputs are declared with SkipInput (checked against
+    find_skips                         the forward pass), or found by find_skips from one forward pass
     save_scalelong, load_scalelong     ScaleLong and its gates to / from a folder (scalelong.saving)
     Diagnostics, RunLog, robustness    stability diagnostics from any loop (scalelong.diagnostics)
     ScaleLongError                     the error for anything a user can fix
@@ -30,6 +31,7 @@ if TYPE_CHECKING:  # what type checkers and IDEs see; at run time __getattr__ im
         PretrainedWeightsWarning,
         SkipInput,
         apply_scalelong,
+        find_skips,
         is_applied,
         remove_scalelong,
     )
@@ -52,6 +54,7 @@ _LAZY = {
     "PretrainedWeightsWarning": "scalelong.adapters",
     "SkipInput": "scalelong.adapters",
     "apply_scalelong": "scalelong.adapters",
+    "find_skips": "scalelong.adapters",
     "is_applied": "scalelong.adapters",
     "remove_scalelong": "scalelong.adapters",
     "save_scalelong": "scalelong.saving",
@@ -77,6 +80,7 @@ __all__ = [
     "UViT",
     "apply_scalelong",
     "describe",
+    "find_skips",
     "is_applied",
     "load_config",
     "load_scalelong",

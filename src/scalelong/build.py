@@ -1,8 +1,9 @@
 """Turn a config into objects: the model, the noise schedule, the dataset.
 
-The models are the package's backbones and, for ``model.type=diffusers_unet2d``, a diffusers
+The models are the package's backbones; for ``model.type=diffusers_unet2d``, a diffusers
 ``UNet2DModel`` with ScaleLong applied behind the backbones' interface (:class:`DiffusersUNet2D`,
-the trainer's wrapper; the library itself serves the raw UNet).
+the trainer's wrapper; the library itself serves the raw UNet); and for ``model.type=python``
+your own network from its ``module:function`` (:mod:`scalelong.user_model`).
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from scalelong.data import check_batches, load_dataset
 from scalelong.diffusion import VPSDE, DiscreteDDPM, Schedule
 from scalelong.errors import ScaleLongError
 from scalelong.models import UNet, UViT, conditioning
+from scalelong.user_model import build_user_model
 
 # Per model.type: the backbone's name in messages, and the keys that set the shapes it checks.
 _BACKBONE_KEYS = {
@@ -30,6 +32,7 @@ _BACKBONE_KEYS = {
         "diffusers UNet2DModel",
         "block_out_channels, norm_num_groups, down_block_types, up_block_types or sample_size",
     ),
+    "python": ("network of model.python.builder", "kwargs, in_channels or img_size"),
 }
 
 
@@ -47,6 +50,8 @@ def build_model(cfg: ModelConfig, device: torch.device | str | None = None) -> n
         raise ScaleLongError(f"model.type={cfg.type!r} is not supported")
     if cfg.type == "diffusers_unet2d":
         import_diffusers()  # a missing extra is its own message, not a rejected shape
+    if cfg.type == "python":  # its own messages: which part of the builder failed
+        return build_user_model(cfg)
     try:
         return _construct(cfg)
     except Exception as e:  # the constructors raise many types; each one means this config
@@ -206,7 +211,10 @@ def build_schedule(cfg: DiffusionConfig) -> Schedule:
 def build_dataset(cfg: DataConfig, check: bool = True) -> Dataset:
     """The dataset the config names; a wrong path or a damaged file is a one-line ScaleLongError
     (``check``: every image file is decoded first, see :func:`scalelong.data.load_dataset`)."""
-    return load_dataset(cfg.name, cfg.path, cfg.split, cfg.resolution, cfg.channels, check)
+    heldout = cfg.heldout or 0  # resolved by validation; None only in a config never validated
+    return load_dataset(
+        cfg.name, cfg.path, cfg.split, cfg.resolution, cfg.channels, check, heldout, cfg.heldout_seed
+    )
 
 
 def model_input_shape(cfg: ModelConfig) -> tuple[int, int, int]:
@@ -216,6 +224,8 @@ def model_input_shape(cfg: ModelConfig) -> tuple[int, int, int]:
     if cfg.type == "diffusers_unet2d":
         d = cfg.diffusers_unet2d
         return (d.in_channels, d.sample_size, d.sample_size)
+    if cfg.type == "python":
+        return (cfg.python.in_channels, cfg.python.img_size, cfg.python.img_size)
     u = cfg.uvit
     return (u.in_channels, u.img_size, u.img_size)
 
@@ -226,6 +236,14 @@ def check_data_fits_model(cfg: Config, dataset: Dataset, world_size: int = 1) ->
     check_batches(len(dataset), cfg.train.batch_size, world_size)
     image = dataset[0][0]
     expected = model_input_shape(cfg.model)
+    (h, w), side = image.shape[1:], expected[1]
+    if h < side or w < side:  # never enlarged silently: the model would learn the blur
+        resize = " (or data.resolution to crop and resize them)" if cfg.data.name == "folder" else ""
+        raise ScaleLongError(
+            f"data {cfg.data.name!r} gives {h}x{w} images, smaller than the {side}x{side} input of the "
+            f"model; use images of at least that size{resize}, or set the size keys of "
+            f"model.{cfg.model.type} to match"
+        )
     if tuple(image.shape) != expected:
         raise ScaleLongError(
             f"data {cfg.data.name!r} gives images of shape {tuple(image.shape)} but the model expects "

@@ -90,12 +90,29 @@ class DiffusersUNet2DConfig:
 
 
 @dataclass
+class PythonModelConfig:
+    """Your own denoiser (``model.type=python``): ``builder(**kwargs)`` returns it.
+
+    It is called as ``net(x, t)``: x (B, C, H, W) the noisy images, t (B,) float network times
+    (the VP-SDE's 999 t, or the ddpm step), and returns a tensor of x's shape (or an object
+    with it as ``.sample``, or a tuple that holds it first). ScaleLong goes on through its
+    adapter when one knows the network, else where :func:`scalelong.find_skips` finds the skips.
+    """
+
+    builder: str = ""  # "package.module:function" (importable) or "path/to/file.py:function"
+    kwargs: dict[str, Any] = field(default_factory=dict)  # keyword arguments of the builder
+    in_channels: int = 3  # channels of x (and of the output)
+    img_size: int = 32  # side of the square input
+
+
+@dataclass
 class ModelConfig:
-    type: str = "uvit"  # uvit | unet | diffusers_unet2d
+    type: str = "uvit"  # uvit | unet | diffusers_unet2d | python (your own network)
     skip: SkipConfig = field(default_factory=SkipConfig)
     uvit: UViTConfig = field(default_factory=UViTConfig)
     unet: UNetConfig = field(default_factory=UNetConfig)
     diffusers_unet2d: DiffusersUNet2DConfig = field(default_factory=DiffusersUNet2DConfig)
+    python: PythonModelConfig = field(default_factory=PythonModelConfig)
 
 
 @dataclass
@@ -106,7 +123,14 @@ class DataConfig:
     hflip: bool = False  # random horizontal flip, drawn from the run's generator
     num_workers: int = 0
     resolution: int = 0  # folder / imagenet64 folder: centre-crop and resize to this side (0: keep / 64)
-    channels: int = 3  # image files (folder, celeba64, imagenet64 folders): 3 read as RGB, 1 as grey
+    channels: int = (
+        3  # image files (folder, celeba64, imagenet64 folders): 3 read as RGB, 1 as grey; array: its C
+    )
+    # folder / array: images kept out of training, on which the per-noise-level x0 error (noise/*) is
+    # measured; None: diagnostics.noise_levels. Which ones: a permutation drawn from heldout_seed (not
+    # train.seed, so every run of a study holds out the same images)
+    heldout: int | None = None
+    heldout_seed: int = 0
 
 
 @dataclass
@@ -252,6 +276,15 @@ def _coerce(value: Any, tp: Any, key: str) -> Any:
         if not isinstance(value, dict):
             raise ScaleLongError(f"config key {key!r} must be a mapping, got {value!r}")
         return _from_dict(tp, value, key)
+    if tp is Any:  # free-form (a builder's keyword arguments): whatever YAML holds
+        return value
+    if origin is dict:
+        if not isinstance(value, dict):
+            raise ScaleLongError(f"config key {key!r} must be a mapping, got {value!r}")
+        key_type, value_type = typing.get_args(tp)
+        return {
+            _coerce(k, key_type, f"{key} key"): _coerce(v, value_type, f"{key}.{k}") for k, v in value.items()
+        }
     if origin is list:
         (item,) = typing.get_args(tp)
         if not isinstance(value, (list, tuple)):
@@ -388,12 +421,14 @@ def _positive(key: str, value: float, allow_zero: bool = False) -> None:
         raise ScaleLongError(f"{key} must be {'>= 0' if allow_zero else '> 0'}, got {value}")
 
 
-MODEL_TYPES = ("uvit", "unet", "diffusers_unet2d")
+MODEL_TYPES = ("uvit", "unet", "diffusers_unet2d", "python")
 # Attention memory grows with the square of the tokens: 256x256 patches is far beyond any recipe.
 MAX_UVIT_TOKENS = 256 * 256
 MAX_IMG_SIZE = 4096  # image side of any backbone: a convolution over more is a mistake, not a run
-DATASETS = ("mnist", "cifar10", "celeba64", "imagenet64", "folder", "coco_latents")
-FILE_DATASETS = ("folder", "celeba64", "imagenet64")  # read from image files: data.channels applies
+DATASETS = ("mnist", "cifar10", "celeba64", "imagenet64", "folder", "array", "coco_latents")
+FILE_DATASETS = ("folder", "celeba64", "imagenet64", "array")  # data.channels applies (array: must match)
+HELDOUT_DATASETS = ("folder", "array")  # no split of their own: data.heldout images are held out
+HELDOUT_SPLITS = ("train", "heldout", "all")  # scalelong.data.HELDOUT_SPLITS
 MIXED_PRECISION = ("no", "fp16", "bf16")
 OPTIM_IMPLEMENTATIONS = ("default", "foreach", "fused")
 LR_SCHEDULES = ("constant", "cosine")
@@ -412,7 +447,8 @@ LOSS_WEIGHTINGS = ("default", "min_snr")  # scalelong.diffusion.LOSS_WEIGHTINGS
 
 # The backbone family of each model.type, whose default kappa (scalelong.skips.DEFAULT_KAPPA) an
 # unset model.skip.kappa takes.
-KAPPA_FAMILY = {"uvit": "uvit", "unet": "unet", "diffusers_unet2d": "unet"}
+# Your own network (python) takes the UNet's: set model.skip.kappa for token skips (the paper: 0.5).
+KAPPA_FAMILY = {"uvit": "uvit", "unet": "unet", "diffusers_unet2d": "unet", "python": "unet"}
 
 
 def resolved_kappa(m: ModelConfig) -> float:
@@ -442,6 +478,7 @@ def validate(cfg: Config) -> None:
         ("uvit.img_size", m.uvit.img_size),
         ("unet.img_size", m.unet.img_size),
         ("diffusers_unet2d.sample_size", m.diffusers_unet2d.sample_size),
+        ("python.img_size", m.python.img_size),
     ):
         if m.type == key.split(".")[0] and side > MAX_IMG_SIZE:
             raise ScaleLongError(
@@ -485,6 +522,8 @@ def validate(cfg: Config) -> None:
         _validate_unet(m.unet)
     if m.type == "diffusers_unet2d":
         _validate_diffusers_unet2d(m.diffusers_unet2d)
+    if m.type == "python":
+        _validate_python_model(m.python)
     _choice("data.name", cfg.data.name, DATASETS)
     if not 0 <= cfg.t2i.caption_dropout < 1:
         raise ScaleLongError(f"t2i.caption_dropout must lie in [0, 1), got {cfg.t2i.caption_dropout}")
@@ -496,6 +535,7 @@ def validate(cfg: Config) -> None:
             "model.uvit.context_dim to the text encoder's width (768 for CLIP ViT-L/14)"
         )
     _positive("data.num_workers", cfg.data.num_workers, allow_zero=True)
+    _validate_heldout(cfg.data, cfg.diagnostics)
     _validate_channels(cfg.data, m)
     d = cfg.diffusion
     _choice("diffusion.schedule", d.schedule, SCHEDULES)
@@ -564,10 +604,10 @@ def validate(cfg: Config) -> None:
 def _check_backbone_method(m: ModelConfig) -> None:
     """The methods beyond the paper's are built into the package's own backbones only."""
     method = m.skip.method
-    if m.type == "diffusers_unet2d" and method not in PAPER_METHODS:
+    if m.type in ("diffusers_unet2d", "python") and method not in PAPER_METHODS:
         raise ScaleLongError(
             f"model.skip.method={method} is built into the package's backbones (model.type uvit or unet); "
-            f"with model.type=diffusers_unet2d choose one of {', '.join(PAPER_METHODS)}"
+            f"with model.type={m.type} choose one of {', '.join(PAPER_METHODS)}"
         )
     if m.type == "unet" and method in MERGE_LAYER_METHODS:
         raise ScaleLongError(
@@ -595,6 +635,23 @@ def _validate_eval(e: EvalConfig) -> None:
         )
 
 
+def _validate_heldout(d: DataConfig, diagnostics: DiagnosticsConfig) -> None:
+    """Resolve data.heldout (folder / array: diagnostics.noise_levels; other datasets have a split)."""
+    if d.name not in HELDOUT_DATASETS:
+        if d.heldout:
+            raise ScaleLongError(
+                f"data.heldout={d.heldout} applies to data.name=folder or array; {d.name} has a split of its "
+                "own (data.split), or none"
+            )
+        d.heldout = 0
+        return
+    if d.heldout is None:
+        d.heldout = max(diagnostics.noise_levels, 0)
+    _positive("data.heldout", d.heldout, allow_zero=True)
+    _positive("data.heldout_seed", d.heldout_seed, allow_zero=True)
+    _choice("data.split", d.split, HELDOUT_SPLITS)
+
+
 def _validate_channels(d: DataConfig, m: ModelConfig) -> None:
     """data.channels is 3 or 1 and, for images read from files, what the model takes."""
     if d.channels not in (1, 3):
@@ -617,6 +674,21 @@ def _validate_unet(u: UNetConfig) -> None:
         raise ScaleLongError(f"model.unet.{problem}")
     if not 0 <= u.dropout < 1:
         raise ScaleLongError(f"model.unet.dropout must lie in [0, 1), got {u.dropout}")
+
+
+BUILDER_FORM = "package.module:function or path/to/file.py:function"
+
+
+def _validate_python_model(p: PythonModelConfig) -> None:
+    """The builder's spelling and the input shape; importing it is :func:`scalelong.build.check_model`'s."""
+    where, sep, function = p.builder.rpartition(":")
+    if not sep or not where.strip() or not function.isidentifier():
+        raise ScaleLongError(
+            f"model.python.builder={p.builder!r} must name the function that builds your network: "
+            + BUILDER_FORM
+        )
+    _positive("model.python.in_channels", p.in_channels)
+    _positive("model.python.img_size", p.img_size)
 
 
 def _validate_diffusers_unet2d(d: DiffusersUNet2DConfig) -> None:

@@ -16,7 +16,17 @@ Datasets (``data.name``), each read from ``data.path``:
 * ``imagenet64``: downsampled ImageNet ``train_data_batch_1..10(.npz)`` / ``val_data(.npz)``
   (keys ``data`` (N, 12288) uint8, ``labels`` 1..1000), or an image folder with one subfolder
   per class (centre crop, resize to 64).
-* ``folder``: every image under a folder, label 0; ``data.resolution`` > 0 centre-crops and resizes.
+* ``folder``: every image under a folder (sorted by path; any other file but a hidden one is an
+  error), label 0; ``data.resolution`` > 0 centre-crops and resizes.
+* ``array``: uint8 images in a ``.npy``, ``.npz`` or ``.safetensors`` file, or in a folder of such
+  files (shards, concatenated in name order), label 0. Accepted layouts: (N, H, W) grey,
+  (N, H, W, C) or (N, C, H, W) with C 1 or 3; an ``.npz`` / ``.safetensors`` holds one array,
+  or names it ``images``. Memory-mapped where the file stores it plainly; each file's header,
+  dtype, layout and size are checked, and its first and last image read, before a run starts.
+
+``folder`` and ``array`` hold a fixed set of images out of training (``split_heldout``): the
+held-out images the per-noise-level x0 error (``noise/x0_mse@L``) is measured on, drawn by
+``data.heldout_seed``; ``data.split`` is ``train`` (the rest, in order), ``heldout`` or ``all``.
 
 Datasets read from image files (``folder``, ``celeba64``, ``imagenet64`` class folders) decode
 each image as RGB (``channels=3``, the default) or as grey (``channels=1``, PIL's ``L``).
@@ -178,8 +188,14 @@ class UInt8Images(Dataset):
     CIFAR-10 at 150 MB and lets ImageNet 64 stay memory-mapped in the page cache shared by processes.
     """
 
-    def __init__(self, arrays: list[np.ndarray], labels: np.ndarray, shape: tuple[int, int, int]):
-        self.arrays, self.shape = arrays, shape
+    def __init__(
+        self,
+        arrays: list[np.ndarray],
+        labels: np.ndarray,
+        shape: tuple[int, int, int],
+        channels_last: bool = False,
+    ):
+        self.arrays, self.shape, self.channels_last = arrays, shape, channels_last  # rows (H, W, C)
         self.labels = torch.from_numpy(np.array(labels, dtype=np.int64))  # a copy: the dataset's own
         self.offsets = np.cumsum([0] + [len(a) for a in arrays])
         self.description = ""
@@ -189,7 +205,8 @@ class UInt8Images(Dataset):
 
     def __getitem__(self, i: int) -> tuple[torch.Tensor, torch.Tensor]:
         k = int(np.searchsorted(self.offsets, i, side="right")) - 1
-        pixels = np.asarray(self.arrays[k][i - self.offsets[k]]).reshape(self.shape)
+        pixels = np.asarray(self.arrays[k][i - self.offsets[k]])
+        pixels = pixels.transpose(2, 0, 1) if self.channels_last else pixels.reshape(self.shape)
         return from_uint8(pixels), self.labels[i]
 
 
@@ -539,10 +556,24 @@ def load_imagenet64(
 
 
 def load_folder(path: str | None, resolution: int = 0, channels: int = 3) -> ImageFiles:
-    """Every image under ``path`` (recursively), label 0, as RGB or grey (``channels`` 3 or 1)."""
+    """Every image under ``path`` (recursively, sorted by path), label 0, as RGB or grey
+    (``channels`` 3 or 1). Any other file but a hidden one (``.name``) is an error: a folder that
+    holds something else is probably not the folder meant."""
     layout = "a folder of images (.png, .jpg, ...; subfolders are searched)"
     root = _data_dir(path, "the image folder", layout)
     files = _image_files(root)
+    others = sorted(
+        p
+        for p in root.rglob("*")
+        if p.is_file() and p.suffix.lower() not in IMAGE_SUFFIXES
+        and not any(part.startswith(".") for part in p.relative_to(root).parts)
+    )  # fmt: skip
+    if others:
+        more = f" and {len(others) - 1} more" if len(others) > 1 else ""
+        raise ScaleLongError(
+            f"{others[0]}{more} under data.path={root} {'is not an image' if not more else 'are not images'} "
+            f"({', '.join(IMAGE_SUFFIXES)}); move them out of the folder"
+        )
     if not files:
         raise ScaleLongError(f"no images found under {root}; expected {layout}")
     if resolution:
@@ -558,6 +589,185 @@ def load_folder(path: str | None, resolution: int = 0, channels: int = 3) -> Ima
         transform = _same_size(size)
     desc = f"{'grey ' if channels == 1 else ''}images from {root}: {len(files):,}"
     return ImageFiles(files, [0] * len(files), transform, desc, channels)
+
+
+ARRAY_SUFFIXES = (".npy", ".npz", ".safetensors")
+ARRAY_LAYOUT = (
+    "uint8 images (N, H, W), (N, H, W, C) or (N, C, H, W) with C 1 or 3, in a .npy, .npz or .safetensors "
+    "file (one array, or one named 'images'), or a folder of such files"
+)
+
+
+def load_array(path: str | None, channels: int = 3) -> UInt8Images:
+    """The images of an array file, or of a folder of array files in name order (:data:`ARRAY_LAYOUT`)."""
+    if not path:
+        raise ScaleLongError(f"data.name=array needs data.path; expected {ARRAY_LAYOUT}")
+    root = Path(path).expanduser()
+    if root.is_dir():
+        files = sorted(p for p in root.iterdir() if p.suffix.lower() in ARRAY_SUFFIXES and p.is_file())
+        if not files:
+            raise ScaleLongError(f"no array files in {root}; expected {ARRAY_LAYOUT}")
+    elif root.is_file():
+        if root.suffix.lower() not in ARRAY_SUFFIXES:
+            raise ScaleLongError(
+                f"{root} is not an array file ({', '.join(ARRAY_SUFFIXES)}); expected {ARRAY_LAYOUT}"
+            )
+        files = [root]
+    else:
+        raise ScaleLongError(f"array images not found: {root} does not exist; expected {ARRAY_LAYOUT}")
+    arrays, layout = [], None
+    for file in files:
+        array = _read_array(file)
+        this = _image_layout(array, file)
+        if layout is not None and this[0] != layout[0]:
+            raise ScaleLongError(
+                f"{file} holds images of shape {this[0]} but {files[0]} of shape {layout[0]}: every file "
+                "must hold images of one shape and channel count"
+            )
+        layout = layout or this
+        if this[1] != layout[1]:
+            side = "last" if this[1] else "first"
+            raise ScaleLongError(
+                f"{file} stores its channels {side}, unlike {files[0]}; store every file alike"
+            )
+        arrays.append(array)
+    shape, channels_last = layout
+    if shape[0] != channels:
+        raise ScaleLongError(
+            f"{root} holds {shape[0]}-channel images but data.channels={channels}; set "
+            f"data.channels={shape[0]} (and the model's in_channels to {shape[0]})"
+        )
+    ds = UInt8Images(arrays, np.zeros(sum(len(a) for a in arrays), dtype=np.int64), shape, channels_last)
+    for k in (0, len(ds) - 1):  # a read at each end: a file cut short fails here, not mid-run
+        try:
+            ds[k]
+        except (OSError, ValueError) as e:
+            raise ScaleLongError(f"array images in {root} are unreadable at image {k} ({e})") from None
+    where = f"{len(files)} files in {root}" if root.is_dir() else str(root)
+    ds.description = f"{'grey ' if shape[0] == 1 else ''}images from {where}: {len(ds):,}"
+    return ds
+
+
+def _read_array(file: Path) -> np.ndarray:
+    """The one image array of ``file``, memory-mapped where it is stored plainly."""
+    suffix = file.suffix.lower()
+    try:
+        if suffix == ".npy":
+            return np.load(file, mmap_mode="r", allow_pickle=False)
+        if suffix == ".npz":
+            with zipfile.ZipFile(file) as zf:
+                names = [n[: -len(".npy")] for n in zf.namelist() if n.endswith(".npy")]
+            return _npz_member(file, _image_key(names, file))
+        return _safetensors_member(file)
+    except ScaleLongError:
+        raise
+    except Exception as e:  # numpy, zipfile and safetensors raise many types for a damaged file
+        raise ScaleLongError(
+            f"array file {file} is corrupt or not a {suffix} file ({type(e).__name__}: {e})"
+        ) from None
+
+
+def _image_key(names: list[str], file: Path) -> str:
+    if "images" in names:
+        return "images"
+    if len(names) == 1:
+        return names[0]
+    raise ScaleLongError(
+        f"array file {file} holds {len(names)} arrays ({', '.join(names) or 'none'}); keep one, or name the "
+        "images 'images'"
+    )
+
+
+def _safetensors_member(file: Path) -> np.ndarray:
+    """The image tensor of a safetensors file as a read-only memory map, after safetensors itself
+    has read the file's header (and refused a damaged one)."""
+    import json
+
+    from safetensors import safe_open
+
+    with safe_open(str(file), framework="numpy") as f:
+        key = _image_key(list(f.keys()), file)
+        dtype = f.get_slice(key).get_dtype()
+    if dtype != "U8":
+        raise ScaleLongError(
+            f"array file {file}: '{key}' is {dtype}, not uint8 (U8); store pixels as uint8 0..255"
+        )
+    with file.open("rb") as fh:
+        size = int.from_bytes(fh.read(8), "little")  # the format: header length, JSON header, data
+        header = json.loads(fh.read(size))
+    entry = header[key]
+    begin, end = entry["data_offsets"]
+    shape = tuple(entry["shape"])
+    if end - begin != int(np.prod(shape)) or 8 + size + end > file.stat().st_size:
+        raise ScaleLongError(f"array file {file} is cut short or its header does not match its data")
+    return np.memmap(file, dtype=np.uint8, mode="r", offset=8 + size + begin, shape=shape)
+
+
+def _image_layout(array: np.ndarray, file: Path) -> tuple[tuple[int, int, int], bool]:
+    """((C, H, W), channels last) of an image array; one-line errors for anything else."""
+    if array.dtype != np.uint8:
+        raise ScaleLongError(
+            f"array file {file} holds {array.dtype} values, not uint8; store pixels as uint8 0..255, e.g. "
+            "(x * 255).round().astype(np.uint8) for x in [0, 1]"
+        )
+    shape = tuple(array.shape)
+    if len(shape) == 3:
+        n, h, w = shape
+        layout = ((1, h, w), False)
+    elif len(shape) == 4 and (shape[3] in (1, 3)) != (shape[1] in (1, 3)):
+        n = shape[0]
+        layout = (
+            ((shape[3], shape[1], shape[2]), True) if shape[3] in (1, 3) else ((shape[1], *shape[2:]), False)
+        )
+    else:
+        why = "channels first or last cannot be told apart" if len(shape) == 4 and shape[1] in (1, 3) else ""
+        raise ScaleLongError(
+            f"array file {file} holds an array of shape {shape}{' (' + why + ')' if why else ''}; expected "
+            "(N, H, W), (N, H, W, C) or (N, C, H, W) with C 1 or 3"
+        )
+    if n == 0:
+        raise ScaleLongError(f"array file {file} holds no image (shape {shape})")
+    return layout
+
+
+HELDOUT_SPLITS = ("train", "heldout", "all")
+
+
+class Part(Dataset):
+    """The items ``indices`` of ``base``, in that order."""
+
+    def __init__(self, base: Dataset, indices: list[int], description: str):
+        self.base, self.indices, self.description = base, indices, description
+
+    def __len__(self) -> int:
+        return len(self.indices)
+
+    def __getitem__(self, i: int) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.base[self.indices[i]]
+
+
+def split_heldout(dataset: Dataset, count: int, seed: int, split: str) -> Dataset:
+    """The training part (``split="train"``: all but ``count`` images, in order), the held-out part
+    (``"heldout"``: the ``count`` images a permutation drawn from ``seed`` puts first, in order) or
+    ``"all"`` of ``dataset``. The held-out set depends on the seed and the dataset's size only,
+    never on the run's seed, so every run of a study is measured on the same images."""
+    if split not in HELDOUT_SPLITS:
+        raise ScaleLongError(f"data.split={split!r}: choose one of {', '.join(HELDOUT_SPLITS)}")
+    n, what = len(dataset), describe(dataset)
+    if split == "all" or (count == 0 and split == "train"):
+        return dataset
+    if count == 0:
+        raise ScaleLongError("data.split=heldout with data.heldout=0: no image is held out")
+    if count >= n:
+        raise ScaleLongError(
+            f"data.heldout={count} would hold out every one of the {n:,} images ({what}); set data.heldout "
+            "below that (it defaults to diagnostics.noise_levels), or 0 to measure on training images"
+        )
+    held = sorted(torch.randperm(n, generator=torch.Generator().manual_seed(seed))[:count].tolist())
+    if split == "heldout":
+        return Part(dataset, held, f"{what}, the {count:,} held out (data.heldout_seed={seed})")
+    kept = sorted(set(range(n)) - set(held))
+    return Part(dataset, kept, f"{what}, {count:,} held out for the noise-level probe")
 
 
 class LatentCaptions(Dataset):
@@ -603,16 +813,25 @@ def load_dataset(
     resolution: int = 0,
     channels: int = 3,
     check: bool = True,
+    heldout: int = 0,
+    heldout_seed: int = 0,
 ) -> Dataset:
     """The dataset ``name`` (see the module docstring); a wrong path names the expected layout.
 
     ``channels`` (3 or 1) applies to the datasets read from image files. ``check``: decode every
     image of an image-file dataset now (:meth:`ImageFiles.check`), so a damaged one is a
-    ScaleLongError before any training; False for a glance at a few images."""
+    ScaleLongError before any training; False for a glance at a few images. ``heldout`` and
+    ``heldout_seed`` (``folder`` and ``array``): the images :func:`split_heldout` keeps out of
+    the ``train`` split, for the ``heldout`` one."""
     dataset = _load_dataset(name, path, split, resolution, channels)
     if check and isinstance(dataset, ImageFiles):
         dataset.check()
+    if name in SPLIT_DATASETS:
+        dataset = split_heldout(dataset, heldout, heldout_seed, split)
     return dataset
+
+
+SPLIT_DATASETS = ("folder", "array")  # datasets without a split of their own: one is held out
 
 
 def _load_dataset(name: str, path: str | None, split: str, resolution: int, channels: int) -> Dataset:
@@ -628,6 +847,13 @@ def _load_dataset(name: str, path: str | None, split: str, resolution: int, chan
         return load_imagenet64(path, split, resolution, channels)
     if name == "folder":
         return load_folder(path, resolution, channels)
+    if name == "array":
+        if resolution:
+            raise ScaleLongError(
+                f"data.resolution={resolution}: array images are used at the size they are stored; "
+                "store them at the model's size and set data.resolution=0"
+            )
+        return load_array(path, channels)
     if name == "coco_latents":
         if not path:
             raise ScaleLongError(

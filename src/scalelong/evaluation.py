@@ -30,7 +30,7 @@ from torch import nn
 from scalelong import metric_names
 from scalelong.build import build_dataset, build_schedule, model_input_shape
 from scalelong.checkpoint import DamagedCheckpoint
-from scalelong.config import Config, EvalConfig, write_text_atomic
+from scalelong.config import HELDOUT_DATASETS, Config, EvalConfig, write_text_atomic
 from scalelong.diffusion import mean_image_error, noise_level_errors
 from scalelong.errors import ScaleLongError
 from scalelong.fd_mnist import digit_score_of_features, real_digit_score
@@ -202,7 +202,7 @@ class TrainingEvaluator:
                                                              # bad paths fail early
         for step in ...:                                     # step = optimizer steps completed (1-based)
             ...
-            if evaluator.due(step):                          # cfg.eval.every > 0 and step % every == 0
+            if evaluator.due(step):                          # every eval.every steps, and the last one
                 record = evaluator(step, ema)                # samples cfg.eval.num_samples images
                 metrics_log.write({"step": step, **record})  # main process; RunDir.best_step reads them
         ...                                                  # after the last checkpoint is saved:
@@ -245,7 +245,10 @@ class TrainingEvaluator:
         return self._features
 
     def due(self, step: int) -> bool:
-        return self.e.every > 0 and step > 0 and step % self.e.every == 0
+        """Every ``eval.every`` steps, and at the last step: a run always ends with its final score."""
+        if self.e.every <= 0 or step <= 0:
+            return False
+        return step % self.e.every == 0 or step == self.cfg.train.steps
 
     def __call__(self, step: int, ema_model: nn.Module, n: int | None = None) -> dict:
         if self.ref is None:
@@ -307,7 +310,8 @@ class TrainingEvaluator:
 
 # ----------------------------------------------------------------------------- noise levels
 
-# Datasets with a split the model never trains on; the others are probed on training images.
+# Datasets with a split the model never trains on (and folder / array with data.heldout > 0, whose
+# held-out images are that split); the others are probed on training images.
 HELD_OUT_SPLIT = {"mnist": "test", "cifar10": "test"}
 
 
@@ -315,6 +319,8 @@ def probe_images(cfg: Config, n: int) -> tuple[torch.Tensor, torch.Tensor, bool]
     """``n`` images spread evenly over the held-out split (or the training set, where the dataset
     has none), their labels, and whether they are held out."""
     split = HELD_OUT_SPLIT.get(cfg.data.name)
+    if cfg.data.name in HELDOUT_DATASETS and cfg.data.heldout:  # a folder / array: its data.heldout images
+        split = "heldout"
     data = dataclasses.replace(cfg.data, split=split) if split else cfg.data
     dataset = build_dataset(data, check=False)  # a few images: the run checked them all at its start
     index = torch.linspace(0, len(dataset) - 1, min(n, len(dataset))).long().unique()

@@ -13,7 +13,9 @@ from __future__ import annotations
 
 import math
 import re
+import statistics
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 from scalelong import metric_names as names
@@ -392,6 +394,123 @@ def plot_fig1_by_depth(
     return _save(fig1_by_depth_figure(runs, **kwargs), path)
 
 
+@dataclass(frozen=True)
+class BasinPoint:
+    """One run in the lr-basin figure (:func:`basin_figure`)."""
+
+    lr: float
+    value: float  # its final error as the basin counts it (capped at ``cap``); NaN: not drawn
+    kind: str  # ok | diverged | capped (worse than the untrained model) | missing
+    cap: float  # the untrained model's error
+
+
+_BASIN_MARKERS = {  # kind -> (marker, size, legend entry); ok points carry no legend entry
+    "ok": ("o", 16, ""),
+    "diverged": ("x", 42, "diverged: drawn at the cap"),
+    "capped": ("v", 30, "worse than untrained: at the cap"),
+}
+
+
+def _basin_panel(ax, points: Mapping[str, Sequence[BasinPoint]], methods: Sequence[str]) -> list[float]:
+    """One panel of :func:`basin_figure`: ``points[method]``, drawn in the method's colour of
+    ``methods``; returns the values drawn (for the choice of a log axis)."""
+    from matplotlib.lines import Line2D
+
+    values, kinds, seeds = [], set(), []
+    for i, method in enumerate(methods):
+        pts = [p for p in points.get(method, ()) if math.isfinite(p.value)]
+        if not pts:
+            continue
+        colour, at = f"C{i}", sorted({p.lr for p in pts})
+        ax.plot(
+            at,
+            [statistics.fmean(p.value for p in pts if p.lr == lr) for lr in at],
+            color=colour,
+            label=method,
+        )
+        for kind, (marker, size, _) in _BASIN_MARKERS.items():
+            if mine := [p for p in pts if p.kind == kind]:
+                kinds.add(kind)
+                paint = (
+                    {"facecolors": "none", "edgecolors": colour} if kind == "capped" else {"color": colour}
+                )
+                ax.scatter(
+                    [p.lr for p in mine], [p.value for p in mine], marker=marker, s=size, alpha=0.8, **paint
+                )
+        if caps := [p.cap for p in pts if math.isfinite(p.cap)]:
+            ax.axhline(statistics.fmean(caps), color=colour, ls=":", lw=1, label=f"_untrained {method}")
+        seeds.append(max(sum(p.lr == lr for p in pts) for lr in at))
+        values += [p.value for p in pts] + caps
+    if ax.lines:
+        handles = [line for line in ax.lines if not line.get_label().startswith("_")]
+        handles.append(Line2D([], [], color="grey", ls=":", lw=1, label="untrained model (the cap)"))
+        for kind in ("diverged", "capped"):
+            marker, _, text = _BASIN_MARKERS[kind]
+            face = "none" if kind == "capped" else "grey"
+            if kind in kinds:
+                handles.append(
+                    Line2D([], [], color="grey", ls="", marker=marker, markerfacecolor=face, label=text)
+                )
+        ax.legend(handles=handles, fontsize=7)
+    ax.set_title(_seed_count(seeds), fontsize=10)
+    return values
+
+
+def basin_figure(
+    rows: Mapping[str, Mapping[tuple[int | None, str], Sequence[BasinPoint]]],
+    log: bool | None = None,
+    ylabel: str = "final held-out x0 error",
+):
+    """The lr basin (Wortsman et al. 2023) as a matplotlib Figure (not saved; :func:`plot_basin`
+    saves it). ``rows[label][(depth, method)]`` holds the runs (seeds, lrs) of that method at
+    that depth, one row of panels per label (e.g. the EMA weights, the trained weights).
+
+    One panel per depth, shallow to deep, left to right; the lr on a log x-axis shared by every
+    panel, ticks at the lrs trained. In each panel one line per method, one colour per method in
+    every panel: the mean over the seeds at each lr of their values; each seed a point, a
+    diverged run an x, a run worse than the untrained model a triangle (both drawn at the cap);
+    a dotted line per method at its cap (the mean over its runs). ``log`` None: log y-axes when
+    the values span decades."""
+    from matplotlib.ticker import NullLocator
+
+    depths = sorted({d for points in rows.values() for d, _ in points}, key=_depth_order)
+    methods = list(dict.fromkeys(m for points in rows.values() for _, m in points))
+    lrs = sorted({p.lr for points in rows.values() for pts in points.values() for p in pts})
+    fig, axes = _figure(ncols=max(len(depths), 1), nrows=max(len(rows), 1), size=(4.6, 3.6))
+    panels = [ax for row in axes for ax in row]
+    for ax in panels[1:]:  # before drawing, so the limits cover every panel
+        ax.sharex(panels[0])
+    values: list[float] = []
+    for row, (label, points) in zip(axes, rows.items(), strict=False):
+        for ax in row[1:]:
+            ax.sharey(row[0])
+        for ax, depth in zip(row, depths, strict=False):
+            values += _basin_panel(ax, {m: pts for (d, m), pts in points.items() if d == depth}, methods)
+            where = "" if depth is None else f"depth {depth}, "
+            ax.set_title(f"{where}{label}, {ax.get_title()}", fontsize=10)
+            ax.set_xlabel("learning rate")
+            ax.grid(alpha=0.3)
+        row[0].set_ylabel(ylabel)
+    panels[0].set_xscale("log")
+    if lrs:
+        panels[0].set_xticks(lrs, [f"{lr:g}" for lr in lrs])
+        panels[0].xaxis.set_minor_locator(NullLocator())
+    if spans_decades(values) if log is None else log and any(v > 0 and math.isfinite(v) for v in values):
+        for ax in panels:
+            ax.set_yscale("log")
+    else:
+        for ax in panels:
+            ax.ticklabel_format(axis="y", useOffset=False)  # errors as they are, not as offsets from 1
+    return fig
+
+
+def plot_basin(
+    rows: Mapping[str, Mapping[tuple[int | None, str], Sequence[BasinPoint]]], path: str | Path, **kwargs
+) -> Path:
+    """:func:`basin_figure` saved as a PNG at ``path``."""
+    return _save(basin_figure(rows, **kwargs), path)
+
+
 # Decoder blocks as the diagnostics name them: U-ViT out_blocks.j, diffusers up_blocks.j, UNet up.j.
 _DECODER = re.compile(r"^(out_blocks|up_blocks|up)\.(\d+)$")
 
@@ -493,6 +612,9 @@ __all__ = [
     "seed_band",
     "fig1_by_depth_figure",
     "plot_fig1_by_depth",
+    "BasinPoint",
+    "basin_figure",
+    "plot_basin",
     "decoder_blocks",
     "out_block_norm_figure",
     "plot_out_block_norms",

@@ -99,7 +99,15 @@ RESUME_FREE_KEYS = (
 
 def with_defaults(stored: dict) -> dict:
     """A stored config with every key the current :class:`Config` has filled in with its default;
-    ``stored`` itself when it is not a valid config of this version (a removed key, a bad value)."""
+    ``stored`` itself when it is not a valid config of this version (a removed key, a bad value).
+
+    One key reads otherwise: a run written before ``data.heldout`` trained on all its images, so a
+    missing ``data.heldout`` reads 0 (a new folder or array run holds images out by default), and
+    the old run resumes on the training set it had (with ``data.heldout=0``), never on a smaller one.
+    """
+    data = stored.get("data")
+    if isinstance(data, dict) and "heldout" not in data:
+        stored = {**stored, "data": {**data, "heldout": 0}}
     try:
         return config_to_dict(config_from_dict(stored))
     except ScaleLongError:
@@ -451,12 +459,20 @@ class RunDir(os.PathLike):
         if overwrite:
             self.remove_project_files(warn)
         elif occupied:
-            diff = config_differences(self.stored_config(warn), config_to_dict(cfg))
+            stored = self.stored_config(warn)
+            diff = config_differences(stored, config_to_dict(cfg))
             if diff:
+                before = "heldout" not in (stored.get("data") or {})
+                hint = (
+                    "; it was written before data.heldout and trained on all its images: resume it with "
+                    "data.heldout=0"
+                    if before and any(d.startswith("data.heldout:") for d in diff)
+                    else ""
+                )
                 raise ScaleLongError(
                     f"run directory {self.path} holds a run with another config ({'; '.join(diff[:3])}"
-                    f"{'; ...' if len(diff) > 3 else ''}); pass --overwrite to replace it or choose another "
-                    "name=..."
+                    f"{'; ...' if len(diff) > 3 else ''}){hint}; pass --overwrite to replace it or choose "
+                    "another name=..."
                 )
             remove_partial(self.checkpoints_dir)
             checkpoints = self.checkpoints()

@@ -50,7 +50,7 @@ it is scaled, its shape, its coefficient or gate) and :func:`skip_table` prints 
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
-from typing import NamedTuple
+from typing import NamedTuple, Protocol
 
 import torch
 from torch import nn
@@ -440,6 +440,7 @@ class SkipRow(NamedTuple):
     coefficient: float | None  # the constant coefficient; None where a gate learns it or skip-norm normalises
     gate: str | None  # the gate that learns it: ``TokenGate (shared)``, ``ChannelGate 3``; None if none
     treatment: str  # the whole treatment in words: ``0.5``, ``ls: TokenGate (shared)``, ``skip-norm: ...``
+    made_by: str | None = None  # where the encoder makes it, for skips ``find_skips`` found; else None
 
 
 def _scaling_path(model: nn.Module) -> tuple[SkipScaling, str]:
@@ -455,14 +456,28 @@ def _scaling_path(model: nn.Module) -> tuple[SkipScaling, str]:
     return scaling, path
 
 
-def describe(model: nn.Module) -> list[SkipRow]:
+class Described(Protocol):
+    """Skips listed but not applied: what ``scalelong.find_skips`` returns."""
+
+    def skip_rows(self) -> list[SkipRow]: ...
+
+
+def describe(model: nn.Module | Described) -> list[SkipRow]:
     """Every long skip of ``model``, outermost (index 1) first: where it is scaled, which input, the
     channel slice, its shape and its coefficient or gate.
 
     It reads what was applied, so it also lists what ``apply_scalelong`` hooked (the modules of the
     rows). Works on the package's backbones, on every model ``apply_scalelong`` serves, and through
-    any module that holds one.
+    any module that holds one; and on what ``scalelong.find_skips`` returns, before it is applied
+    (each row then says where the skip is made, ``made_by``, and ``not applied``).
     """
+    if not isinstance(model, nn.Module):
+        rows = getattr(model, "skip_rows", None)
+        if not callable(rows):
+            raise ScaleLongError(
+                f"describe takes a model (or what find_skips returns), got a {type(model).__name__}"
+            )
+        return list(rows())
     scaling, path = _scaling_path(model)
     owner_path = path.rpartition(".")[0]  # the module that holds the SkipScaling
     prefix = f"{owner_path}." if owner_path else ""
@@ -494,18 +509,23 @@ def _where(row: SkipRow) -> str:
     return f"{row.module or '<model>'}({row.input}){cut}"
 
 
-def skip_table(model: nn.Module) -> str:
+def skip_table(model: nn.Module | Described) -> str:
     """The table ``scalelong info`` prints, built on :func:`describe`: index, shape, where the skip
-    is scaled and its coefficient (or the gate that learns it) for every skip."""
+    is scaled and its coefficient (or the gate that learns it) for every skip; for the skips
+    ``find_skips`` found, also where each is made."""
     rows = describe(model)
     shapes = [
         "?" if r.shape is None else "x".join("?" if d is None else str(d) for d in r.shape) for r in rows
     ]
     wheres = [_where(r) for r in rows]
     sw, ww = max(18, *map(len, shapes)), max(8, *map(len, wheres))
-    lines = [f"{'skip':>4}  {'shape':<{sw}}  {'scaled at':<{ww}}  coefficient"]
-    lines.append(f"{'-' * 4}  {'-' * sw}  {'-' * ww}  {'-' * 11}")
-    for r, shape, where in zip(rows, shapes, wheres, strict=True):
-        lines.append(f"{r.index:>4}  {shape:<{sw}}  {where:<{ww}}  {r.treatment}")
+    made = [r.made_by or "" for r in rows] if any(r.made_by for r in rows) else None
+    mw = max(7, *map(len, made)) if made else 0
+    head = f"  {'made by':<{mw}}" if made else ""
+    lines = [f"{'skip':>4}  {'shape':<{sw}}  {'scaled at':<{ww}}{head}  coefficient"]
+    lines.append(f"{'-' * 4}  {'-' * sw}  {'-' * ww}" + (f"  {'-' * mw}" if made else "") + f"  {'-' * 11}")
+    for k, (r, shape, where) in enumerate(zip(rows, shapes, wheres, strict=True)):
+        by = f"  {made[k]:<{mw}}" if made else ""
+        lines.append(f"{r.index:>4}  {shape:<{sw}}  {where:<{ww}}{by}  {r.treatment}")
     lines.append("(skip 1 is the outermost, next to the input and output)")
     return "\n".join(lines)

@@ -40,7 +40,7 @@ from scalelong.plots import (
     series,
 )
 from scalelong.runs import RunDir, config_differences
-from scalelong.skips import METHODS
+from scalelong.studies.basin import Basin, basin_json, basin_section, basin_table, basins, method_order
 from scalelong.studies.divergence import DEFAULT_RULE, DivergenceRule, criteria
 from scalelong.studies.report import (
     digit_headers,
@@ -153,10 +153,6 @@ def _finite_or_inf(x: float) -> float:
     return x if math.isfinite(x) else math.inf
 
 
-def _method_order(method: str) -> tuple[int, str]:
-    return (METHODS.index(method) if method in METHODS else len(METHODS), method)
-
-
 def stability_table(cells: Sequence[CellSummary], metric: str) -> str:
     """Per method: the largest stable lr (no seed diverged there nor at any smaller lr tried) and
     the best final ``metric`` among the stable lrs, mean ± 95% t-interval over its seeds."""
@@ -164,7 +160,7 @@ def stability_table(cells: Sequence[CellSummary], metric: str) -> str:
         f"| method | largest stable lr | best final {metric} (stable lrs) | at lr | seeds |",
         "|---|---|---|---|---|",
     ]
-    for method in sorted({c.cell.method for c in cells}, key=_method_order):
+    for method in sorted({c.cell.method for c in cells}, key=method_order):
         mine = sorted((c for c in cells if c.cell.method == method), key=lambda c: c.cell.lr)
         first_broken = next((i for i, c in enumerate(mine) if c.diverged), len(mine))
         stable = mine[:first_broken]  # a stable lr above a diverged one is noise, not a margin
@@ -189,7 +185,7 @@ def cell_table(cells: Sequence[CellSummary], metric: str, real_digits: Mapping |
         "| " + " | ".join([*head, "diverged", "divergence rate (95% CI)"]) + " |",
         "|---" * (len(head) + 2) + "|",
     ]
-    for c in sorted(cells, key=lambda c: (_method_order(c.cell.method), c.cell.lr)):
+    for c in sorted(cells, key=lambda c: (method_order(c.cell.method), c.cell.lr)):
         lo, hi = rate_interval(c.diverged, c.count)
         scores = [fmt_ci(c.values("confident"), 2), fmt_ci(c.values("entropy"), 2)] if digits else []
         row = [c.cell.method, f"{c.cell.lr:g}", str(c.count), fmt_ci(c.final), *scores]
@@ -198,12 +194,20 @@ def cell_table(cells: Sequence[CellSummary], metric: str, real_digits: Mapping |
     return "\n".join(lines)
 
 
-def write_map_json(cells: Sequence[CellSummary], path: Path, key: str) -> Path:
+def write_map_json(cells: Sequence[CellSummary], path: Path, key: str, basin: Sequence[Basin] = ()) -> Path:
     """Every cell's per-seed numbers as JSON (``final`` is the final ``key``: fd or loss), with
-    each value's seed, for tables and plots made elsewhere."""
+    each value's seed, for tables and plots made elsewhere: the held-out x0 errors (EMA, trained
+    weights, untrained model at step 0, mean image), each run's cap l0 of the lr basin with its
+    source and its capped value; and ``basin``, per (method, depth), the numbers of the lr basin
+    (:func:`scalelong.studies.basin.basin_json`), so the basin tables can be rebuilt from the file."""
 
     def number(x: float) -> float | None:
         return x if math.isfinite(x) else None  # JSON has no NaN
+
+    read = {(b.depth, b.method, r.lr, r.seed): r for b in basins(cells) for r in b.runs}
+
+    def basin_runs(c: CellSummary) -> list:
+        return [read[c.cell.depth, c.cell.method, c.cell.lr, s] for s in c.seeds]
 
     rows = [
         {
@@ -215,6 +219,13 @@ def write_map_json(cells: Sequence[CellSummary], path: Path, key: str) -> Path:
             f"final_{key}": [number(x) for x in c.final],
             "feature_norm": [number(x) for x in c.values("feature_norm")],
             "heldout_x0_error": [number(x) for x in c.values("x0_error")],
+            "heldout_x0_error_raw": [number(x) for x in c.values("x0_error_raw")],
+            "heldout_x0_error_start": [number(x) for x in c.values("x0_error_start")],
+            "x0_mean_image": [number(x) for x in c.values("x0_mean_image")],
+            "basin_cap": [number(r.cap) for r in basin_runs(c)],
+            "basin_cap_source": [r.cap_source for r in basin_runs(c)],
+            "basin_value": [number(r.value("ema")) for r in basin_runs(c)],
+            "basin_value_raw": [number(r.value("raw")) for r in basin_runs(c)],
             "feature_norm_osc_std": [number(x) for x in c.values("feature_osc")],
             "loss_spikes": [number(x) for x in c.values("spikes")],
             "digits_confident": [number(x) for x in c.values("confident")],
@@ -223,15 +234,18 @@ def write_map_json(cells: Sequence[CellSummary], path: Path, key: str) -> Path:
                 [{"criterion": d.criterion, "step": d.step, "detail": d.detail} for d in b] for b in c.breaks
             ],
         }
-        for c in sorted(cells, key=lambda c: (c.cell.depth or 0, _method_order(c.cell.method), c.cell.lr))
+        for c in sorted(cells, key=lambda c: (c.cell.depth or 0, method_order(c.cell.method), c.cell.lr))
     ]
-    write_text_atomic(path, json.dumps({"metric": key, "cells": rows}, indent=1) + "\n")
+    data = {"metric": key, "cells": rows}
+    if basin:
+        data |= {"basin_weights": "ema (lr_sensitivity_raw: the trained weights)", "basin": basin_json(basin)}
+    write_text_atomic(path, json.dumps(data, indent=1) + "\n")
     return path
 
 
 def draw_map(cells: Sequence[CellSummary], path: Path, title: str, metric: str) -> Path:
     """The heatmap of one depth: methods x lrs, coloured by the mean final ``metric``."""
-    methods = sorted({c.cell.method for c in cells}, key=_method_order)
+    methods = sorted({c.cell.method for c in cells}, key=method_order)
     lrs = sorted({c.cell.lr for c in cells})
     at = {(c.cell.method, c.cell.lr): c for c in cells}
     values, notes, marked = [], [], []
@@ -266,7 +280,7 @@ def fig1_table(cells: Sequence[CellSummary]) -> str:
     grows with depth, in numbers."""
     at = {(c.cell.depth, c.cell.method): c for c in cells}
     depths = sorted({d for d, _ in at}, key=lambda d: d or 0)
-    methods = sorted({m for _, m in at}, key=_method_order)
+    methods = sorted({m for _, m in at}, key=method_order)
     head = [f"depth {d}" if d is not None else "all" for d in depths]
     lines = ["| method | " + " | ".join(head) + " |", "|---" * (len(head) + 1) + "|"]
     for m in methods:
@@ -296,7 +310,7 @@ def gap_table(cells: Sequence[CellSummary], metric: str) -> str:
         f"| final {metric} - none (95% CI) |" + (" held-out x0 error - none (95% CI) |" if x0 else ""),
         "|---|---|---|---|---|---|" + ("---|" if x0 else ""),
     ]
-    for c in sorted(cells, key=lambda c: (c.cell.depth or 0, c.cell.lr, _method_order(c.cell.method))):
+    for c in sorted(cells, key=lambda c: (c.cell.depth or 0, c.cell.lr, method_order(c.cell.method))):
         ref = by.get(Cell(c.cell.depth, c.cell.lr, "none"))
         if c.cell.method == "none" or ref is None:
             continue
@@ -326,7 +340,7 @@ def fig1_section(
     lrs = sorted({c.lr for c in runs})
     lr = lrs[0] if fig1_lr is None and lrs else fig1_lr
     cells: dict[Cell, list[StudyRun]] = {}  # the cells drawn, each with its seeds' logged runs
-    for c, rs in sorted(runs.items(), key=lambda kv: (kv[0].depth or 0, _method_order(kv[0].method))):
+    for c, rs in sorted(runs.items(), key=lambda kv: (kv[0].depth or 0, method_order(kv[0].method))):
         logged = [r for r in rs if r.records]
         if lr is not None and _same_lr(c.lr, lr) and logged:
             cells[c] = logged
@@ -387,7 +401,7 @@ def write_sweep_report(
     key, metric = (names.FD, f"FD ({base.eval.metric})") if base.eval.every > 0 else (names.LOSS, "loss")
     cells = summarise_cells(runs, key)
     seeds = [c.count for c in cells]
-    methods = sorted({c.cell.method for c in cells}, key=_method_order)
+    methods = sorted({c.cell.method for c in cells}, key=method_order)
     parts = [
         f"# ScaleLong stability map: {', '.join(methods)}",
         f"{base.model.type}, data {base.data.name}, {base.train.steps} steps, batch "
@@ -429,11 +443,18 @@ def write_sweep_report(
             "(difference) is no evidence of a gap.",
             gaps,
         ]
+    basin_parts, found = basin_section(cells, sweep_dir)
+    parts += basin_parts
+    for depth in sorted({b.depth for b in found}, key=lambda d: d or 0):
+        mine = [b for b in found if b.depth == depth]
+        if len(mine[0].grid) > 1 and any(b.logged("ema") for b in mine):
+            label = "lr basin" + ("" if depth is None else f", depth {depth}")
+            tables.append(f"{label}:\n\n{basin_table(mine)}")
     parts += fig1_section(runs, sweep_dir, fig1_lr)
     broken = broken_runs([r for rs in runs.values() for r in rs] + list(failed))
     if broken:
         parts += ["## Runs that diverged or failed", "\n".join(broken)]
-    write_map_json(cells, sweep_dir / "map.json", key)
+    write_map_json(cells, sweep_dir / "map.json", key, found if len({c.cell.lr for c in cells}) > 1 else ())
     report = write_markdown_report("\n\n".join(parts) + "\n", sweep_dir, "ScaleLong stability map")
     return report, "\n\n".join(tables)
 

@@ -30,6 +30,7 @@ import dataclasses
 import functools
 import hashlib
 import time
+import warnings
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -245,6 +246,10 @@ class Trainer:
         self.ema = copy.deepcopy(model).requires_grad_(False).to(accelerator.device)
         self.schedule = build_schedule(cfg.diffusion)
         optimizer = make_optimizer(model.parameters(), cfg.optim, accelerator.device)
+        # DDP copies the gradient of a depthwise conv weight (mlp_conv: shape (C, 1, 3, 3), whose
+        # strides are ambiguous along the axis of size 1) into its bucket and warns once per
+        # process; the copy is correct and costs nothing measurable at this size.
+        warnings.filterwarnings("ignore", message="Grad strides do not match bucket view strides")
         self.model, self.optimizer = accelerator.prepare(model, optimizer)
         # train.compile: a compiled view of the prepared model, used for the training forward only.
         # It shares the parameters; state_dict, EMA (copied above), checkpoints and sampling keep

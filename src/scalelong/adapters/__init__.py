@@ -10,12 +10,16 @@ module that reads a model and describes, as plain data, where its skips enter it
   of an up block's ``res_hidden_states_tuple``);
 * ``uvit_diffusers.py``: diffusers' U-ViT, ``UTransformer2DModel`` and ``UniDiffuserModel``;
 * ``ddpm_pytorch.py``: ``denoising_diffusion_pytorch.Unet``;
-* any other network: the user's own ``skips=[SkipInput(...), ...]``.
+* any other network: the user's own ``skips=[SkipInput(...), ...]``, checked against the forward
+  pass (:mod:`scalelong.checking`), or those :func:`find_skips` reads off one forward pass
+  (:mod:`scalelong.tracing`), which ``apply_scalelong(model, method, example=(x, t))`` uses for a
+  model no adapter knows.
 
 Types are matched by package and class name along the MRO, so subclasses are served and no
 optional package is imported to tell. The per-family modules never import one another, nor
-anything of the trainer. Saving, loading and listing what was applied: :mod:`scalelong.saving`
-(``save_scalelong`` / ``load_scalelong``) and :func:`scalelong.skips.describe`.
+anything of the trainer; they, the tracer and the check describe skips as the same plain data,
+:class:`SkipInput` (:mod:`scalelong.declaration`). Saving, loading and listing what was applied:
+:mod:`scalelong.saving` (``save_scalelong`` / ``load_scalelong``) and :func:`scalelong.skips.describe`.
 """
 
 from __future__ import annotations
@@ -24,19 +28,25 @@ import warnings
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
+import torch
 from torch import nn
 
+from scalelong import checking, tracing
 from scalelong.adapters import ddpm_pytorch, declared, uvit_diffusers
 from scalelong.adapters import diffusers as diffusers_unets
-from scalelong.adapters.declared import SkipInput
 from scalelong.adapters.uvit_checkpoint import load_uvit_checkpoint
+from scalelong.declaration import SkipInput
 from scalelong.errors import ScaleLongError
 from scalelong.skips import METHODS, PAPER_METHODS, find_skip_scaling
+from scalelong.tracing import FoundSkips, TracedSkip
 
 __all__ = [
+    "FoundSkips",
     "PretrainedWeightsWarning",
     "SkipInput",
+    "TracedSkip",
     "apply_scalelong",
+    "find_skips",
     "is_applied",
     "load_uvit_checkpoint",
     "remove_scalelong",
@@ -81,15 +91,18 @@ def apply_scalelong(
     skip_channels: Sequence[int] | None = None,
     reduction: int = 16,
     pretrained: bool | None = None,
+    example: object = None,
+    check: bool = True,
 ) -> nn.Module:
     """Scale the long skips of ``model`` in place, without changing its code.
 
     Recognised types: diffusers ``UNet2DModel``, ``UNet2DConditionModel``, ``UTransformer2DModel``
     and ``UniDiffuserModel`` (U-ViT), ``denoising_diffusion_pytorch.Unet``, and their subclasses.
-    For any other network, declare where its skips enter the decoder with ``skips``, outermost
-    first::
+    For any other network, let :func:`find_skips` read its skips off one forward pass on an
+    example input, or declare where they enter the decoder with ``skips``, outermost first::
 
-        apply_scalelong(net, "cs", 0.7, skips=[SkipInput(net.dec[3], arg=0, channels=slice(-64, None)), ...])
+        apply_scalelong(net, "cs", 0.7, example=(x, t))
+        apply_scalelong(net, "cs", 0.7, skips=[SkipInput("dec.3", arg=0, channels=slice(-64, None)), ...])
 
     Args:
         model: the network.
@@ -100,9 +113,10 @@ def apply_scalelong(
         kappa: base of ``cs``: skip i (1 = outermost) gets ``kappa ** (i - 1)``. None: the default
             of ``scalelong.skips.DEFAULT_KAPPA``, 0.5 on token skips (U-ViT, the paper's value),
             0.9 on feature maps (the UNet default).
-        skips: the declared skip inputs (see :class:`SkipInput`); required for an unsupported
-            type, and used instead of the built-in layout when given for a supported one.
-        num_tokens: with ``skips``: token count L of (B, L, D) skips, for the LS gates.
+        skips: the declared skip inputs (see :class:`SkipInput`), or what :func:`find_skips`
+            returned; used instead of the built-in layout when given for a supported type.
+        num_tokens: with ``skips``: token count L of (B, L, D) skips, for the LS gates (taken
+            from ``find_skips``'s result when it is given).
         skip_channels: with ``skips``: channels of each (B, C, H, W) skip, for the LS gates.
         reduction: squeeze-excitation reduction of the LS gates.
         pretrained: whether ``model`` carries trained weights; None detects it for diffusers
@@ -111,6 +125,15 @@ def apply_scalelong(
             ScaleLong changes the network's function from the first step and is a from-scratch
             method. ``False`` silences the warning (also right for ``from_config`` of a loaded
             model's config, which copies ``_name_or_path`` onto fresh weights).
+        example: the inputs of one forward pass, ``(x, t)`` (a tuple of positional inputs, a dict
+            of keyword inputs, or one tensor), as the model is trained with, at a small batch.
+            For a type no adapter knows and no ``skips``: :func:`find_skips` reads the skips off
+            it. With ``skips``: the declaration is checked on it at once.
+        check: check a declaration of ``skips`` against the forward pass
+            (:mod:`scalelong.checking`): the order (outermost first), every skip once,
+            each channel slice exactly the skip's; on ``example`` when given, else on the
+            model's first call, before it runs. Each mistake is one :class:`ScaleLongError`.
+            ``False`` trusts the declaration (a subset of the skips on purpose, say).
 
     New LS parameters live in ``model.scalelong``; create the optimizer after this call.
     :func:`scalelong.skips.describe` lists what was applied. Returns ``model``.
@@ -122,8 +145,14 @@ def apply_scalelong(
             f"apply_scalelong supports the methods {', '.join(PAPER_METHODS)}; {method!r} is built into the "
             "package's own UViT and UNet only (their skip_method, or model.skip.method in a config)"
         )
-    if skips is not None:
-        spec: dict[str, Any] = {"skips": skips, "num_tokens": num_tokens, "skip_channels": skip_channels}
+    by_hand = skips is not None and not isinstance(skips, FoundSkips)
+    inputs = None if example is None else _example(example)
+    if isinstance(skips, FoundSkips):  # as found: its gate sizes, shapes and blocks come with it
+        spec: dict[str, Any] = skips.install_kwargs()
+        if num_tokens is not None or skip_channels is not None:
+            spec.update(num_tokens=num_tokens, skip_channels=skip_channels)
+    elif skips is not None:
+        spec = {"skips": skips, "num_tokens": num_tokens, "skip_channels": skip_channels}
     elif num_tokens is not None or skip_channels is not None:
         raise ScaleLongError(
             "num_tokens and skip_channels size the gates of declared skips: pass them with skips=[...] "
@@ -131,11 +160,24 @@ def apply_scalelong(
         )
     else:
         layout = _layout(model)
-        if layout is None:
+        if layout is None and (inputs is None or find_skip_scaling(model) is not None):
             raise _unsupported(model)
         _check_free(model)
-        spec = layout(model)
+        spec = (
+            layout(model)
+            if layout is not None
+            else find_skips(model, *inputs[0], **inputs[1]).install_kwargs()
+        )
     declared.install(model, method, kappa, spec.pop("skips"), reduction=reduction, **spec)
+    if by_hand and check:
+        if inputs is None:
+            checking.check_at_first_call(model, declared.installed(model).skips)
+        else:
+            try:
+                checking.check(model, declared.installed(model).skips, *inputs)
+            except ScaleLongError:
+                declared.remove(model)  # nothing changed
+                raise
     _warn_if_pretrained(model, pretrained)
     return model
 
@@ -143,6 +185,7 @@ def apply_scalelong(
 def remove_scalelong(model: nn.Module) -> nn.Module:
     """Undo :func:`apply_scalelong`: remove its hooks and ``model.scalelong``. Returns ``model``."""
     if declared.installed(model) is not None:
+        checking.cancel(model)
         declared.remove(model)
         return model
     inner = [path for path, _ in declared.installed_below(model) if path]
@@ -164,6 +207,33 @@ def is_applied(model: nn.Module) -> bool:
     return declared.is_hooked(model)
 
 
+def find_skips(model: nn.Module, *example_inputs: object, **example_kwargs: object) -> FoundSkips:
+    """The long skips of ``model``, outermost first, read off one forward pass on an example input.
+
+    ``model(*example_inputs, **example_kwargs)`` runs once without gradients, in eval mode (the
+    training flags and the random number generator are restored after). The first tensor input
+    is the image x_t: skips are what depends on it. Pass the inputs the model is trained with, at
+    a small batch: ``find_skips(net, torch.randn(1, 3, 32, 32), torch.full((1,), 0.5))``. How the
+    skips are told apart from the main path and the conditioning: :mod:`scalelong.tracing`.
+
+    Returns a :class:`~scalelong.tracing.FoundSkips`: the declaration as data, a sequence
+    of :class:`SkipInput` with dotted module paths (a skip handed over in a tuple, such as a
+    diffusers up block's ``res_hidden_states_tuple``, by ``item=``), that
+    ``apply_scalelong(model, method, skips=found)`` installs (``apply_scalelong(model, method,
+    example=(x, t))`` does both). ``scalelong.describe(found)`` and ``print(found)`` list each skip:
+    the module and input it enters, the channel slice, its shape and where the encoder makes it.
+    Raises one :class:`ScaleLongError` where it finds no skip, where the pairing is ambiguous (a
+    skip that reaches two decoder modules, skips merged in two calls, skips not merged in reverse
+    order, a merging module called twice), or where the forward pass fails.
+    """
+    if declared.is_hooked(model):
+        raise ScaleLongError(
+            f"find_skips: ScaleLong is applied to this {type(model).__name__}; find its skips before "
+            "apply_scalelong (or call remove_scalelong first)"
+        )
+    return tracing.find(model, example_inputs, example_kwargs)
+
+
 # ----------------------------------------------------------------------------- helpers
 
 
@@ -173,6 +243,20 @@ def _layout(model: nn.Module) -> Layout | None:
         if layout is not None:
             return layout
     return None
+
+
+def _example(example: object) -> tuple[tuple, dict]:
+    """(args, kwargs) of an ``example=``: one tensor, a tuple (or list) of inputs, or a dict."""
+    if isinstance(example, torch.Tensor):
+        return (example,), {}
+    if isinstance(example, Mapping):
+        return (), dict(example)
+    if isinstance(example, (tuple, list)):
+        return tuple(example), {}
+    raise ScaleLongError(
+        f"example must be the model's inputs, a tuple such as (x, t), a dict or one tensor, got "
+        f"{type(example).__name__}"
+    )
 
 
 def _check_free(model: nn.Module) -> None:
@@ -199,7 +283,8 @@ def _unsupported(model: nn.Module) -> ScaleLongError:
             f"apply it to that submodule (model.{inner}) before wrapping"
         )
     return ScaleLongError(
-        f"apply_scalelong supports {SUPPORTED}; got {name}: declare its skip inputs instead, "
+        f"apply_scalelong supports {SUPPORTED}; got {name}: let its skips be found from one forward pass, "
+        "apply_scalelong(model, method, example=(x, t)), or declare them, "
         "apply_scalelong(model, method, skips=[SkipInput(module, arg=...), ...]) (see scalelong.SkipInput)"
     )
 

@@ -15,7 +15,9 @@ concatenated input the skip's channel slice::
     ]
     apply_scalelong(net, "ls", skips=skips, skip_channels=[64, 128, 128])
 
-Every adapter of :mod:`scalelong.adapters` describes its family's layout in these terms and
+:class:`SkipInput` itself, plain data, lives in :mod:`scalelong.declaration` (the tracer of
+:func:`scalelong.find_skips` emits it too). Every adapter of :mod:`scalelong.adapters` describes
+its family's layout in these terms and
 installs it here, so there is one installer. A declaration is plain data once its modules are
 paths (:meth:`SkipInput.to_dict`): :func:`scalelong.adapters.save_scalelong` writes it beside the
 gates and :func:`scalelong.adapters.load_scalelong` replays it.
@@ -34,13 +36,13 @@ and optimizers see the LS parameters once, under ``scalelong.*``.
 
 from __future__ import annotations
 
-import inspect
 from collections.abc import Mapping, Sequence
-from typing import Any, NamedTuple
+from typing import NamedTuple
 
 import torch
 from torch import nn
 
+from scalelong.declaration import SkipInput, input_text, locate
 from scalelong.errors import ScaleLongError
 from scalelong.skips import DEFAULT_KAPPA, SkipScaling, SkipSite, find_skip_scaling
 
@@ -52,59 +54,6 @@ _REF, _HOOK, _SPECS, _INSTALLED = (
     "_scalelong_skip_inputs",
     "_scalelong_installed",
 )
-_POSITIONAL = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
-
-
-class SkipInput(NamedTuple):
-    """One long skip as the decoder receives it: an input of one submodule of the model.
-
-    Attributes:
-        module: the submodule whose forward receives the skip (the merge layer, or the decoder
-            block that the concatenated tensor or the tuple of skips is handed to), or its dotted
-            path in the model (``"dec.3"``, as ``model.get_submodule`` reads it).
-        arg: which input of ``module.forward``: its position (0 = the first after ``self``)
-            or its parameter name. Either way the skip is found whether the caller passes it
-            by position or by keyword.
-        channels: ``slice(start, stop)`` along ``dim`` when the input is the skip already
-            concatenated with the decoder stream: only that slice is scaled. ``None``: the
-            whole input is the skip. For ``torch.cat([x, skip], 1)`` with a skip of ``w``
-            channels, ``slice(-w, None)`` is the tail, whatever the width of ``x``.
-        dim: the axis ``channels`` indexes: 1 for (B, C, H, W) maps, -1 for (B, L, D) tokens.
-        item: when the input is a tuple (or list) of tensors, the position of the skip in it
-            (negative counts from the end); ``channels`` then slices that element. None: the input
-            is a tensor.
-    """
-
-    module: nn.Module | str
-    arg: int | str = 0
-    channels: slice | None = None
-    dim: int = 1
-    item: int | None = None
-
-    def to_dict(self) -> dict[str, Any]:
-        """This declaration as JSON-ready data; ``module`` must be a path (:func:`install` records paths)."""
-        if not isinstance(self.module, str):
-            raise ScaleLongError("SkipInput.to_dict needs the module as its path in the model (a string)")
-        c = self.channels
-        return {
-            "module": self.module,
-            "arg": self.arg,
-            "channels": None if c is None else [c.start, c.stop],
-            "dim": self.dim,
-            "item": self.item,
-        }
-
-    @classmethod
-    def from_dict(cls, data: Mapping[str, Any]) -> SkipInput:
-        """The inverse of :meth:`to_dict`."""
-        c = data.get("channels")
-        return cls(
-            data["module"],
-            data.get("arg", 0),
-            None if c is None else slice(*c),
-            data.get("dim", 1),
-            data.get("item"),
-        )
 
 
 class Installed(NamedTuple):
@@ -154,6 +103,7 @@ def install(
         raise ScaleLongError(
             "skips= declares no skip input; list one SkipInput per long skip, outermost first"
         )
+    _check_own_modules(model, skips)
     _check_not_applied(model, skips)
     resolved, grouped = _resolve(model, skips)
     if num_tokens is not None and skip_channels is not None:
@@ -183,7 +133,7 @@ def install(
     shapes = tuple(None if s is None else tuple(s) for s in shapes)
     scaling.declare_sites(
         [
-            SkipSite(s.module, _input_text(spec), s.channels, shape)
+            SkipSite(s.module, input_text(spec.position, spec.name, spec.item), s.channels, shape)
             for s, spec, shape in zip(*resolved, shapes, strict=True)
         ]
     )
@@ -228,6 +178,32 @@ def is_hooked(model: nn.Module) -> bool:
 # ----------------------------------------------------------------------------- checking a declaration
 
 
+def _check_own_modules(model: nn.Module, skips: Sequence[SkipInput]) -> None:
+    """A SkipInput whose module is not in ``model``: most often a declaration made for another model
+    (built earlier, or the model before a copy), which would hook that model instead."""
+    own = {id(m) for m in model.modules()}
+    for index, skip in enumerate(skips, start=1):
+        module = skip.module
+        if isinstance(module, str) or id(module) in own:
+            continue
+        if not isinstance(module, nn.Module):
+            raise ScaleLongError(
+                f"skip {index}: SkipInput.module must be a submodule of the model or its path; "
+                f"got a {type(module).__name__}"
+            )
+        what, mine = type(module).__name__, type(model).__name__
+        fix = "make it from this model's modules, or give their dotted paths, which fit every copy"
+        if _HOOK in module.__dict__:
+            raise ScaleLongError(
+                f"skip {index}: SkipInput.module is a {what} of another model, one ScaleLong is applied to, "
+                f"not of this {mine}: the declaration is stale (made for that model); {fix}"
+            )
+        raise ScaleLongError(
+            f"skip {index}: SkipInput.module must be a submodule of the model or its path; this {what} is "
+            f"not one of this {mine} (a declaration made for another model?); {fix}"
+        )
+
+
 def _check_not_applied(model: nn.Module, skips: Sequence[SkipInput]) -> None:
     hooked = any(isinstance(s.module, nn.Module) and _HOOK in s.module.__dict__ for s in skips)
     if installed(model) or isinstance(getattr(model, "scalelong", None), SkipScaling) or hooked:
@@ -258,7 +234,7 @@ def _resolve(
     declared, specs, seen = [], [], set()
     for index, skip in enumerate(skips, start=1):
         module, path = _module(model, skip.module, paths, index)
-        position, name = _locate(module, skip.arg, index)
+        position, name = locate(module, skip, index)
         _check_slice(skip, index)
         if skip.item is not None and (isinstance(skip.item, bool) or not isinstance(skip.item, int)):
             raise ScaleLongError(
@@ -299,34 +275,6 @@ def _module(
     return module, paths[id(module)]
 
 
-def _locate(module: nn.Module, arg: int | str, index: int) -> tuple[int | None, str | None]:
-    """(position in ``args``, keyword) of input ``arg`` of ``module.forward``."""
-    what = f"skip {index}: {type(module).__name__}.forward"
-    try:
-        params = list(inspect.signature(module.forward).parameters.values())
-    except (TypeError, ValueError):  # a forward without a readable signature: trust the declaration
-        params = [inspect.Parameter("args", inspect.Parameter.VAR_POSITIONAL)]
-    positional = [p for p in params if p.kind in _POSITIONAL]
-    var_positional = any(p.kind is inspect.Parameter.VAR_POSITIONAL for p in params)
-    if isinstance(arg, int) and not isinstance(arg, bool):
-        if arg < 0 or (arg >= len(positional) and not var_positional):
-            raise ScaleLongError(
-                f"{what} takes {len(positional)} positional inputs; arg={arg} is not one of them"
-            )
-        named = arg < len(positional) and positional[arg].kind is inspect.Parameter.POSITIONAL_OR_KEYWORD
-        return arg, positional[arg].name if named else None
-    if isinstance(arg, str):
-        for i, p in enumerate(positional):
-            if p.name == arg:
-                return i, (arg if p.kind is inspect.Parameter.POSITIONAL_OR_KEYWORD else None)
-        if any(p.name == arg and p.kind is inspect.Parameter.KEYWORD_ONLY for p in params) or any(
-            p.kind is inspect.Parameter.VAR_KEYWORD for p in params
-        ):
-            return None, arg
-        raise ScaleLongError(f"{what} has no input named {arg!r}")
-    raise ScaleLongError(f"skip {index}: SkipInput.arg must be a position (int) or a name (str), got {arg!r}")
-
-
 def _check_slice(skip: SkipInput, index: int) -> None:
     if isinstance(skip.dim, bool) or not isinstance(skip.dim, int):
         raise ScaleLongError(f"skip {index}: SkipInput.dim must be an int, got {skip.dim!r}")
@@ -342,13 +290,6 @@ def _check_slice(skip: SkipInput, index: int) -> None:
 
 def _slice_key(c: slice | None) -> tuple | None:
     return None if c is None else (c.start, c.stop)
-
-
-def _input_text(spec: _Spec) -> str:
-    """How :func:`scalelong.skips.describe` names the input: ``skip``, ``args[2]``,
-    ``res_hidden_states_tuple[1]``."""
-    text = spec.name if spec.name is not None else f"args[{spec.position}]"
-    return text if spec.item is None else f"{text}[{spec.item}]"
 
 
 # ----------------------------------------------------------------------------- the hook

@@ -8,6 +8,8 @@
   method against its baseline (:func:`~scalelong.studies.statistics.contrast`), rate intervals;
 * :mod:`~scalelong.studies.summary`: a run read back, the one per-seed summary of it, and the
   groups of seeds the tables read (a method of a comparison, a cell of a map);
+* :mod:`~scalelong.studies.basin`: the lr basin of a sweep (Wortsman et al. 2023): the largest stable
+  lr and the LR sensitivity per method and depth;
 * :mod:`~scalelong.studies.reading`: a comparison's table in plain sentences;
 * :mod:`~scalelong.studies.report`: markdown reports with embedded images, sample grids, captions.
 

@@ -172,10 +172,13 @@ def _speed_sentences(
             "evaluate more often (eval.every) or train longer."
         )
     else:
-        smallest = at / (at - eval_every)
+        # the evaluation before S: a multiple of E (a run is also evaluated at its last step, which
+        # need not be one)
+        before = math.ceil(at / eval_every - 1) * eval_every
+        smallest = at / before
         second = (
             f"With evaluations every {eval_every} of {steps} steps, the smallest speed-up that can show is "
-            f"{at:.0f} / {at - eval_every:.0f} = {smallest:.2f}x"
+            f"{at:.0f} / {before:.0f} = {smallest:.2f}x"
         )
         second += (
             ", so 1.5x cannot be resolved: evaluate more often (eval.every) or train longer."

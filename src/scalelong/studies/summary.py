@@ -74,18 +74,31 @@ def mean_value(records: Records, key: str) -> float:
     return statistics.fmean(finite) if finite else math.nan
 
 
-def heldout_x0_error(records: Records) -> float:
-    """The last logged held-out x0 error (``noise/x0_mse@L``), averaged over the noise levels L:
-    the EMA model on fixed held-out images, far less noisy than the last training loss."""
+def _x0_levels(record: Mapping, weights: str) -> list[float]:
+    """The held-out x0 errors per noise level of one record (``noise/x0_mse@L``, or with
+    ``weights="raw"`` ``noise/raw/x0_mse@L``); empty where the record holds none."""
+    return [as_float(v) for k, v in record.items() if (p := names.parse_noise(k, weights)) and p[0] == "x0"]
 
-    def levels(r: Mapping) -> list[float]:
-        return [as_float(v) for k, v in r.items() if (p := names.parse_noise(k)) and p[0] == "x0"]
 
-    last = next((r for r in reversed(records) if levels(r)), None)
-    if last is None:
-        return math.nan
-    values = levels(last)
-    return statistics.fmean(values) if all(math.isfinite(v) for v in values) else math.nan
+def _level_mean(values: Sequence[float]) -> float:
+    return statistics.fmean(values) if all(math.isfinite(v) for v in values) else math.inf
+
+
+def heldout_x0_error(records: Records, weights: str = "ema") -> float:
+    """The last logged held-out x0 error after step 0 (``noise/x0_mse@L``; ``weights="raw"``:
+    the trained weights' ``noise/raw/x0_mse@L``), averaged over the noise levels L: the model on
+    fixed held-out images, far less noisy than the last training loss. NaN where no probe after
+    step 0 was logged; inf where the last one was not finite (the model's output was not)."""
+    last = next((r for r in reversed(records) if int(r["step"]) > 0 and _x0_levels(r, weights)), None)
+    return math.nan if last is None else _level_mean(_x0_levels(last, weights))
+
+
+def initial_x0_error(records: Records) -> float:
+    """The held-out x0 error of the untrained model, measured at step 0
+    (``diagnostics.noise_levels_at_start``), averaged over the noise levels; NaN where the run did
+    not measure it, inf where it was not finite. At step 0 the EMA is the initial model itself."""
+    first = next((r for r in records if int(r["step"]) == 0 and _x0_levels(r, "ema")), None)
+    return math.nan if first is None else _level_mean(_x0_levels(first, "ema"))
 
 
 def average_records(runs: Sequence[Records]) -> list[dict]:
@@ -117,7 +130,10 @@ class SeedSummary:
     spikes: float = math.nan  # loss spikes by the end
     confident: float = math.nan  # digit score of the last evaluation (fd-mnist)
     entropy: float = math.nan  # its class balance
-    x0_error: float = math.nan  # held-out x0 error of the last probe (:func:`heldout_x0_error`)
+    x0_error: float = math.nan  # held-out x0 error of the last probe (:func:`heldout_x0_error`), EMA
+    x0_error_raw: float = math.nan  # the same of the trained weights (``diagnostics.noise_levels_raw``)
+    x0_error_start: float = math.nan  # of the untrained model, at step 0 (:func:`initial_x0_error`)
+    x0_mean_image: float = math.nan  # the mean image's x0 error on the same held-out images
     breaks: tuple[Divergence, ...] = ()  # the divergence rule's verdict; empty: healthy
 
 
@@ -134,6 +150,9 @@ def summarise_run(run: StudyRun) -> SeedSummary:
         confident=last_value(r, names.DIGITS_CONFIDENT),
         entropy=last_value(r, names.DIGITS_ENTROPY),
         x0_error=heldout_x0_error(r),
+        x0_error_raw=heldout_x0_error(r, weights="raw"),
+        x0_error_start=initial_x0_error(r),
+        x0_mean_image=last_value(r, names.X0_MEAN_IMAGE),
         breaks=tuple(run.breaks),
     )
 

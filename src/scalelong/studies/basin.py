@@ -1,0 +1,439 @@
+"""The lr basin of a sweep, as Wortsman et al. 2023 read one ("Small-scale proxies for large-scale
+Transformer training instabilities", arXiv 2309.14322): per method and depth, the final held-out
+x0 error against the learning rate, the largest stable lr (the basin's upper edge) and the **LR
+sensitivity**, the mean over the lr grid of the gap between the error at each lr and the best
+error on the grid, where the untrained model's error caps every lr's value.
+
+Per run (one seed s at one lr eta of one method and depth), with l the final held-out x0 error
+(:func:`~scalelong.studies.summary.heldout_x0_error`; the EMA's unless told) and l0 the untrained
+model's (:func:`cap_of`):
+
+    v_s(eta) = l0                     if the run diverged or its error is not finite
+             = min(l_s(eta), l0)      otherwise                               (:func:`capped_error`)
+    LRS_s    = mean over eta of v_s(eta) - min over eta of v_s(eta)           (:func:`lr_sensitivity`)
+
+over the depth's lr grid (every lr any method trained at that depth, so that every method is
+averaged over the same lrs); a seed enters only where it has a value at every lr of the grid. The
+LR sensitivity of a method is the mean of LRS_s over those seeds with a 95% t-interval; its
+difference to the baseline's is :func:`~scalelong.studies.statistics.contrast`, paired by seed.
+
+Nothing here assumes a backbone: a cell's depth is None for a network without one.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from scalelong.plots import BasinPoint, plot_basin
+from scalelong.skips import METHODS
+from scalelong.studies.statistics import Contrast, contrast, fmt_ci, fmt_contrast, mean_ci
+from scalelong.studies.summary import CellSummary
+
+WEIGHTS = {"ema": "EMA weights", "raw": "trained weights"}  # whose error: x0_error, x0_error_raw
+_ERROR = {"ema": "x0_error", "raw": "x0_error_raw"}
+
+# Where the cap l0 of a run comes from, in the order tried (:func:`cap_of`).
+CAP_SOURCES = {
+    "step0": "the run's own step-0 measurement",
+    "seed": "the step-0 measurement of the same seed at another lr (the same untrained network: the lr "
+    "does not enter step 0)",
+    "seeds": "the mean step-0 measurement of the method's other seeds at that depth",
+    "mean_image": "the mean image's x0 error on the same held-out images (`noise/x0_mse_mean_image`), "
+    "for want of a measured untrained model",
+}
+
+
+# What counts as diverged in the basin: the run stopped on non-finite steps or its loss never fell below
+# the input-free loss. Not the sweep's feature-growth criterion: at a constant lr the hidden features of
+# runs that still train can grow 100x and more, and the capped error already charges a run that ends
+# worse than the untrained model at that model's error.
+BASIN_CRITERIA = ("nonfinite", "loss")
+
+
+def method_order(method: str) -> tuple[int, str]:
+    """The methods in the order of :data:`scalelong.skips.METHODS` (``none`` first), others after."""
+    return (METHODS.index(method) if method in METHODS else len(METHODS), method)
+
+
+def capped_error(error: float, initial: float, diverged: bool) -> float:
+    """v = l0 for a diverged run or one whose error is not finite (inf), else min(l, l0); NaN
+    where the run logged no error (NaN) and did not diverge, or where l0 is unknown."""
+    if not math.isfinite(initial):
+        return math.nan
+    if diverged or error == math.inf:
+        return initial
+    return min(error, initial) if math.isfinite(error) else math.nan
+
+
+def lr_sensitivity(values: Sequence[float]) -> float:
+    """Wortsman et al.'s LR sensitivity of one seed from its capped values (:func:`capped_error`),
+    one per lr of the grid: their mean less their minimum. NaN if a value is missing."""
+    if not values or not all(math.isfinite(v) for v in values):
+        return math.nan
+    return statistics.fmean(values) - min(values)
+
+
+def largest_stable_lr(counts: Mapping[float, tuple[int, int]]) -> float | None:
+    """The largest lr at which no seed diverged, nor at any smaller lr tried (``counts[lr]``:
+    diverged k of n runs): a stable lr above a diverged one is luck, not margin. None when the
+    smallest lr tried diverged."""
+    stable = None
+    for lr in sorted(counts):
+        if counts[lr][0]:
+            break
+        stable = lr
+    return stable
+
+
+@dataclass(frozen=True)
+class BasinRun:
+    """One run (seed) of a method at one lr, as the basin reads it."""
+
+    lr: float
+    seed: int | None
+    error: Mapping[
+        str, float
+    ]  # final held-out x0 error per weights ("ema", "raw"); NaN not logged, inf not finite
+    cap: float  # l0, the untrained model's error (NaN: none found)
+    cap_source: str  # a key of CAP_SOURCES ("" where none was found)
+    diverged: bool  # by the sweep's divergence rule, its feature-growth criterion aside (BASIN_CRITERIA)
+
+    def value(self, weights: str = "ema") -> float:
+        """The capped error v the LR sensitivity reads (:func:`capped_error`)."""
+        return capped_error(self.error.get(weights, math.nan), self.cap, self.diverged)
+
+    def kind(self, weights: str = "ema") -> str:
+        """``diverged``; ``capped``: healthy by the divergence rule but worse than the untrained
+        model (or not finite), so it counts as l0; ``ok``; ``missing``: no value."""
+        if self.diverged:
+            return "diverged"
+        e = self.error.get(weights, math.nan)
+        if math.isnan(self.value(weights)):
+            return "missing"
+        return "capped" if e > self.cap else "ok"
+
+
+@dataclass
+class Basin:
+    """One method at one depth: its runs over the depth's lr grid."""
+
+    depth: int | None
+    method: str
+    grid: tuple[float, ...]  # every lr any method trained at this depth, ascending
+    runs: list[BasinRun] = field(default_factory=list)
+
+    def at(self, lr: float) -> list[BasinRun]:
+        return [r for r in self.runs if r.lr == lr]
+
+    @property
+    def lrs(self) -> list[float]:
+        """The lrs this method trained, ascending."""
+        return sorted({r.lr for r in self.runs})
+
+    def counts(self) -> dict[float, tuple[int, int]]:
+        """Per lr it trained: (diverged, runs)."""
+        return {lr: (sum(r.diverged for r in self.at(lr)), len(self.at(lr))) for lr in self.lrs}
+
+    @property
+    def largest_stable_lr(self) -> float | None:
+        return largest_stable_lr(self.counts())
+
+    def seed_values(self, weights: str = "ema") -> dict[int | None, dict[float, float]]:
+        """Per seed, its capped value at each lr it has one (:meth:`BasinRun.value`)."""
+        out: dict[int | None, dict[float, float]] = {}
+        for r in sorted(self.runs, key=lambda r: (r.seed is None, r.seed or 0)):
+            if math.isfinite(v := r.value(weights)):
+                out.setdefault(r.seed, {})[r.lr] = v
+        return out
+
+    def seed_sensitivity(self, weights: str = "ema") -> dict[int, float]:
+        """LRS_s of every seed with a value at every lr of the grid."""
+        return {
+            s: lr_sensitivity([v[lr] for lr in self.grid])
+            for s, v in self.seed_values(weights).items()
+            if s is not None and all(lr in v for lr in self.grid)
+        }
+
+    def left_out(self, weights: str = "ema") -> dict[int | None, list[float]]:
+        """The seeds left out of the LR sensitivity, each with the lrs of the grid it lacks a value at."""
+        seeds = {r.seed for r in self.runs}
+        values = self.seed_values(weights)
+        kept = self.seed_sensitivity(weights)
+        return {
+            s: [lr for lr in self.grid if lr not in values.get(s, {})]
+            for s in sorted(seeds, key=lambda s: (s is None, s or 0))
+            if s not in kept
+        }
+
+    def sensitivity(self, weights: str = "ema") -> tuple[float, float]:
+        """The LR sensitivity: the mean of LRS_s over the seeds that have it, and the half-width
+        of its 95% t-interval (NaN with one seed; both NaN with none)."""
+        return mean_ci(list(self.seed_sensitivity(weights).values()))
+
+    def best(self, weights: str = "ema") -> tuple[float, list[float]] | None:
+        """The lr of the lowest mean capped value over the seeds that ran it (ties: the smaller
+        lr), with those values; None without a value."""
+        at = {lr: [v for r in self.at(lr) if math.isfinite(v := r.value(weights))] for lr in self.lrs}
+        found = [(statistics.fmean(v), lr) for lr, v in at.items() if v]
+        if not found:
+            return None
+        lr = min(found)[1]
+        return lr, at[lr]
+
+    def against(self, baseline: Basin, weights: str = "ema") -> Contrast | None:
+        """This method's LR sensitivity less the baseline's, paired by seed
+        (:func:`~scalelong.studies.statistics.contrast`; Welch's only without a shared seed)."""
+        a, b = self.seed_sensitivity(weights), baseline.seed_sensitivity(weights)
+        return contrast(list(a.values()), list(b.values()), list(a), list(b))
+
+    def logged(self, weights: str) -> bool:
+        """Whether any run logged a final error of ``weights``."""
+        return any(not math.isnan(r.error.get(weights, math.nan)) for r in self.runs)
+
+
+def cap_of(cells: Sequence[CellSummary]) -> dict[tuple[int, int], tuple[float, str]]:
+    """The cap l0 of every run, keyed by (index of its cell in ``cells``, index of its seed),
+    with its source (a key of :data:`CAP_SOURCES`), from the first of: the run's own step-0
+    measurement (``diagnostics.noise_levels_at_start``); the mean of the same seed's step-0
+    measurements at the other lrs of its method and depth; the mean over the method's other
+    seeds at that depth of theirs; the mean image's x0 error, the run's own or else the mean of
+    every run's (one number of the held-out images). NaN and "" where none is found."""
+
+    def finite_mean(values: Sequence[float]) -> float:
+        xs = [v for v in values if math.isfinite(v)]
+        return statistics.fmean(xs) if xs else math.nan
+
+    by_seed: dict[tuple, list[float]] = {}  # (depth, method, seed) -> its step-0 measurements
+    for c in cells:
+        for r in c.runs:
+            by_seed.setdefault((c.cell.depth, c.cell.method, r.seed), []).append(r.x0_error_start)
+    seed_mean = {k: finite_mean(v) for k, v in by_seed.items()}
+    mean_image = finite_mean([r.x0_mean_image for c in cells for r in c.runs])
+    caps = {}
+    for i, c in enumerate(cells):
+        for j, r in enumerate(c.runs):
+            key = (c.cell.depth, c.cell.method, r.seed)
+            others = [v for (d, m, s), v in seed_mean.items() if (d, m) == key[:2] and s != r.seed]
+            tried = [
+                (r.x0_error_start, "step0"),
+                (seed_mean[key], "seed"),
+                (finite_mean(others), "seeds"),
+                (r.x0_mean_image if math.isfinite(r.x0_mean_image) else mean_image, "mean_image"),
+            ]
+            caps[i, j] = next(((v, src) for v, src in tried if math.isfinite(v)), (math.nan, ""))
+    return caps
+
+
+def basins(cells: Sequence[CellSummary]) -> list[Basin]:
+    """One :class:`Basin` per (depth, method) of a sweep's cells, by depth, then in method order."""
+    caps = cap_of(cells)
+    grids: dict[int | None, set[float]] = {}
+    for c in cells:
+        grids.setdefault(c.cell.depth, set()).add(c.cell.lr)
+    found: dict[tuple, Basin] = {}
+    for i, c in enumerate(cells):
+        d, m = c.cell.depth, c.cell.method
+        basin = found.setdefault((d, m), Basin(d, m, tuple(sorted(grids[d]))))
+        for j, r in enumerate(c.runs):
+            cap, source = caps[i, j]
+            error = {w: getattr(r, key) for w, key in _ERROR.items()}
+            broke = any(b.criterion in BASIN_CRITERIA for b in r.breaks)
+            basin.runs.append(BasinRun(c.cell.lr, r.seed, error, cap, source, broke))
+    return sorted(found.values(), key=lambda b: (-1 if b.depth is None else b.depth, method_order(b.method)))
+
+
+# ----------------------------------------------------------------------------- the report's section
+
+
+def _lr(lr: float | None) -> str:
+    return "none" if lr is None else f"{lr:g}"
+
+
+def _count(basin: Basin, lr: float, weights: str) -> str:
+    """``1/3`` diverged at ``lr``, ``+1 above l0`` for healthy runs counted at the cap; blank: not run."""
+    runs = basin.at(lr)
+    if not runs:
+        return ""
+    above = sum(r.kind(weights) == "capped" for r in runs)
+    return f"{sum(r.diverged for r in runs)}/{len(runs)}" + (f" (+{above} above ℓ0)" if above else "")
+
+
+def _sensitivity(basin: Basin, weights: str) -> str:
+    values = list(basin.seed_sensitivity(weights).values())
+    if not values:
+        return "n/a"
+    return f"{fmt_ci(values)} ({len(values)} seed{'' if len(values) == 1 else 's'})"
+
+
+def basin_table(found: Sequence[Basin], weights: str = "ema") -> str:
+    """The table of one depth's basins: per method the largest stable lr, diverged k/n per lr of
+    the grid, the LR sensitivity (mean ± 95% t-interval over its seeds) and its paired difference
+    to the baseline's (the first method: ``none`` where it ran), the best mean capped error and its
+    lr; with the trained weights' LR sensitivity where the runs logged it."""
+    grid = found[0].grid
+    raw = weights == "ema" and any(b.logged("raw") for b in found)
+    base = found[0]
+    head = ["method", "largest stable lr", *(f"diverged at {lr:g}" for lr in grid)]
+    head += [
+        f"LR sensitivity ({WEIGHTS[weights]})",
+        f"LR sensitivity - {base.method} (95% CI)",
+        "best error",
+        "at lr",
+    ]
+    head += ["LR sensitivity (trained weights)"] if raw else []
+    lines = ["| " + " | ".join(head) + " |", "|---" * len(head) + "|"]
+    for b in found:
+        top = b.largest_stable_lr
+        stable = _lr(top) + (" (the largest tried)" if top is not None and top == b.lrs[-1] else "")
+        diff = "baseline" if b is base else fmt_contrast(b.against(base, weights))
+        best = b.best(weights)
+        row = [b.method, stable, *(_count(b, lr, weights) for lr in grid), _sensitivity(b, weights), diff]
+        row += [fmt_ci(best[1]), f"{best[0]:g}"] if best else ["n/a", ""]
+        row += [_sensitivity(b, "raw")] if raw else []
+        lines.append("| " + " | ".join(row) + " |")
+    return "\n".join(lines)
+
+
+def _left_out_note(found: Sequence[Basin], weights: str) -> str:
+    notes = []
+    for b in found:
+        for seed, lrs in b.left_out(weights).items():
+            lacks = ", ".join(f"{lr:g}" for lr in lrs)
+            notes.append(f"{b.method} seed {seed} (no value at lr {lacks})")
+    return "Left out of the LR sensitivity: " + "; ".join(notes) + "." if notes else ""
+
+
+def cap_note(found: Sequence[Basin]) -> str:
+    """Which cap l0 the runs used, with how many runs took each source."""
+    counts: dict[str, int] = {}
+    for b in found:
+        for r in b.runs:
+            counts[r.cap_source] = counts.get(r.cap_source, 0) + 1
+    total = sum(counts.values())
+    sources = {**CAP_SOURCES, "": "none was found, so they have no value"}
+    parts = [f"{n} run{'' if n == 1 else 's'}, {sources[k]}" for k in sources if (n := counts.get(k))]
+    text = (
+        f"The cap ℓ0 (the untrained model's held-out x0 error) of the {total} runs: " + "; ".join(parts) + "."
+    )
+    if counts.get("step0", 0) < total:
+        text += " `diagnostics.noise_levels_at_start=true` measures every run's untrained model at step 0."
+    return text
+
+
+def figure_points(found: Sequence[Basin], weights: str) -> dict[tuple[int | None, str], list[BasinPoint]]:
+    """The points of one row of the basin figure: per (depth, method), each run's capped value."""
+    return {
+        (b.depth, b.method): [BasinPoint(r.lr, r.value(weights), r.kind(weights), r.cap) for r in b.runs]
+        for b in found
+    }
+
+
+def basin_section(cells: Sequence[CellSummary], sweep_dir: Path) -> tuple[list[str], list[Basin]]:
+    """The sweep report's lr basin (Wortsman et al. 2023): the figure ``basin.png`` (one panel per
+    depth, one line per method; a second row for the trained weights where logged), and per depth
+    the table of :func:`basin_table`; with the basins it read. One sentence where the sweep has a
+    single lr or no held-out error."""
+    heading = "## The lr basin"
+    lrs = sorted({c.cell.lr for c in cells})
+    if len(lrs) < 2:
+        lr = f" ({lrs[0]:g})" if lrs else ""
+        return [heading, f"The sweep trained a single lr{lr}: the lr basin needs two or more (--lrs)."], []
+    found = basins(cells)
+    if not any(b.logged("ema") for b in found):
+        return [
+            heading,
+            "No run logged the held-out x0 error the lr basin reads (`noise/x0_mse@L`): train with "
+            "diagnostics.noise_levels > 0.",
+        ], found
+    rows = {WEIGHTS["ema"]: figure_points(found, "ema")}
+    if any(b.logged("raw") for b in found):
+        rows[WEIGHTS["raw"]] = figure_points(found, "raw")
+    png = plot_basin(rows, sweep_dir / "basin.png")
+    parts = [
+        heading,
+        "As Wortsman et al. 2023 (arXiv 2309.14322) read a method's stability: the final held-out x0 "
+        "error (256 fixed held-out images, mean over the 11 noise levels, `noise/x0_mse@L`) against the "
+        "lr on a log axis, one panel per depth, one line per method: the mean over the seeds that ran "
+        "each lr of the capped error, the value the LR sensitivity reads; each seed is a point. A run "
+        "that diverged (x) and one that ended worse than the untrained model (triangle) count as the "
+        "untrained model's error ℓ0 and are drawn there; the dotted line of each method is its ℓ0 (mean "
+        "over its runs)."
+        + (
+            " The bottom row is the trained weights (`noise/raw/x0_mse@L`), the top the EMA's."
+            if len(rows) > 1
+            else ""
+        ),
+        f"![the lr basin]({png.name})",
+        "**LR sensitivity** (Wortsman et al.): per seed, over the lr grid of the depth (every lr a "
+        "method trained there), the mean of v(lr) = min(ℓ(lr), ℓ0) (ℓ0 where the run diverged) less "
+        "the grid's minimum of v (diverged: non-finite steps or a loss that never fell below the "
+        "input-free loss; the feature norm's growth alone does not count here); the table gives its "
+        "mean over the seeds that have a value at every lr of the grid, ± the half-width of a 95% "
+        "t-interval, and its difference to the first "
+        "method's, paired by seed. A wider basin reads as a larger largest stable lr and a smaller "
+        "LR sensitivity. **Largest stable lr**: no seed diverged there nor at any smaller lr tried. "
+        "**Best error**: the lowest mean capped error over the grid (EMA weights) and its lr.",
+        cap_note(found),
+    ]
+    for depth in sorted({b.depth for b in found}, key=lambda d: -1 if d is None else d):
+        mine = [b for b in found if b.depth == depth]
+        if len(mine[0].grid) < 2:
+            parts.append(f"Depth {depth}: a single lr ({mine[0].grid[0]:g}), no basin.")
+            continue
+        if depth is not None:
+            parts.append(f"### Depth {depth}")
+        parts.append(basin_table(mine))
+        if note := _left_out_note(mine, "ema"):
+            parts.append(note)
+    return parts, found
+
+
+def _number(x: float | None) -> float | None:
+    return x if x is not None and math.isfinite(x) else None  # JSON has no NaN
+
+
+def basin_json(found: Sequence[Basin]) -> list[dict]:
+    """Per (method, depth) the numbers of the basin table, for map.json: the grid, the counts, the
+    largest stable lr, the per-seed and mean LR sensitivity (EMA and trained weights), the
+    difference to the baseline and the best error."""
+    rows = []
+    for b in found:
+        base = next(x for x in found if x.depth == b.depth)
+        entry: dict = {
+            "depth": b.depth,
+            "method": b.method,
+            "lrs": list(b.grid),
+            "diverged": [{"lr": lr, "diverged": k, "runs": n} for lr, (k, n) in b.counts().items()],
+            "largest_stable_lr": b.largest_stable_lr,
+        }
+        for w in WEIGHTS:
+            per_seed = b.seed_sensitivity(w)
+            mean, half = b.sensitivity(w)
+            best = b.best(w)
+            entry[f"lr_sensitivity_{w}"] = {
+                "estimate": _number(mean),
+                "half_width_95": _number(half),
+                "seed": list(per_seed),
+                "per_seed": [_number(v) for v in per_seed.values()],
+                "left_out": {str(s): lrs for s, lrs in b.left_out(w).items()},
+                "best_error": None if best is None else _number(statistics.fmean(best[1])),
+                "best_lr": None if best is None else best[0],
+            }
+            c = b.against(base, w) if b is not base else None
+            entry[f"lr_sensitivity_{w}"][f"minus_{base.method}"] = (
+                None
+                if c is None
+                else {
+                    "estimate": _number(c.estimate),
+                    "low": _number(c.low),
+                    "high": _number(c.high),
+                    "paired": c.paired,
+                    "n": c.n,
+                }
+            )
+        rows.append(entry)
+    return rows
