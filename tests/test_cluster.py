@@ -15,7 +15,7 @@ import torch
 import scalelong.launch
 import scalelong.studies.running
 import scalelong.sweep
-from conftest import learning_uvit_overrides
+from conftest import learning_uvit_overrides as learning_overrides
 from run_until_killed import waiting_run_all
 from scalelong.cli import main
 from scalelong.compare import method_config
@@ -26,6 +26,12 @@ from scalelong.studies.cluster import ClusterOptions, parse_sbatch, parse_time
 from scalelong.studies.running import RunOutcome, run_all, train_run
 
 TESTS = Path(__file__).parent
+
+
+def learning_uvit_overrides(out_dir) -> list[str]:
+    """conftest's tiny U-ViT with its held-out denoising errors measured on 16 images, not 256:
+    measuring 256 is most of such a run's time, and every run here starts a process or more."""
+    return [*learning_overrides(out_dir), "diagnostics.noise_levels=16"]
 
 
 @pytest.fixture
@@ -315,9 +321,10 @@ def test_a_sweep_of_local_jobs_killed_and_requeued_midway_reports_what_the_pool_
 ):
     """Two runs submitted as submitit jobs (--no-wait), both waiting after their step-4 checkpoint:
     one is warned as SLURM warns at a time limit (SIGUSR2: submitit requeues it, the run resumes by
-    itself), the other is killed outright. --report-only reports what has finished; the same
-    command again resumes the killed run from its checkpoint and reuses the other, and the report
-    is the report of the same sweep trained by the local pool, number for number."""
+    itself), the other is killed outright, and the same command again resubmits that one alone,
+    which resumes from its checkpoint. --report-only, while it still trains, reports what has
+    finished; once it has, the same command reuses both runs, and the report is the report of the
+    same sweep trained by the local pool, number for number."""
     pytest.importorskip("submitit")
     # one torch thread in every job, as in the pool's run here: the numbers can then match bitwise
     monkeypatch.setattr(scalelong.launch, "cpu_cores", lambda: 1)
@@ -327,47 +334,72 @@ def test_a_sweep_of_local_jobs_killed_and_requeued_midway_reports_what_the_pool_
         overrides = [*learning_uvit_overrides(folder), "train.steps=8", "train.log_every=2"]
         return ["sweep", "configs/demo.yaml", *overrides, "train.checkpoint_every=4", *grid, *flags]
 
+    command = sweep(tmp_path / "cluster", "--executor", "local", "--jobs", "2")
+    folder = tmp_path / "cluster" / "t-sweep"
+
+    def submit(at_step: int, until: Path | None = None) -> str:
+        """The command with --no-wait, every run it submits waiting after ``at_step``."""
+        with monkeypatch.context() as m:
+            m.setattr(
+                scalelong.sweep, "run_all", waiting_run_all(scalelong.studies.running.run_all, at_step, until)
+            )
+            assert main([*command, "--no-wait"]) == 0
+        return capsys.readouterr().out
+
+    def records(run: Path) -> list[int]:  # the steps of the run's log records
+        metrics = run / "metrics.jsonl"
+        return [
+            json.loads(line)["step"]
+            for line in (metrics.read_text() if metrics.is_file() else "").splitlines()
+        ]
+
+    def ledger() -> list[tuple[str, int]]:  # (run, job: for local jobs, the controller's pid)
+        lines = (folder / "slurm" / "submitted.jsonl").read_text().splitlines()
+        return [(e["run"], int(e["job"])) for e in map(json.loads, lines)]
+
+    def complete(run: Path) -> bool:
+        summary = run / "summary.json"
+        return summary.is_file() and json.loads(summary.read_text())["status"] == "complete"
+
     # the jobs import the waiting hook from tests/, as the pool's workers would
     monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(TESTS), os.environ.get("PYTHONPATH", "")]))
-    command = sweep(tmp_path / "cluster", "--executor", "local", "--jobs", "2")
-    with monkeypatch.context() as m:  # every run of this submission waits after step 4
-        m.setattr(scalelong.sweep, "run_all", waiting_run_all(scalelong.studies.running.run_all, 4))
-        assert main([*command, "--no-wait"]) == 0
-    out = capsys.readouterr().out
+    out = submit(4)  # both wait after step 4 until they are signalled
     assert "submitted 2 of 2 runs as local jobs" in out and "--report-only writes the report" in out
-    folder = tmp_path / "cluster" / "t-sweep"
     runs = {m: folder / "runs" / f"d4-lr0.02-{m}-seed0" for m in ("none", "cs")}
     until(lambda: all((r / "checkpoints" / "step-000004").is_dir() for r in runs.values()), "no step 4")
     pid = {m: json.loads((r / ".lock").read_text())["pid"] for m, r in runs.items()}
     assert main([*command, "--dry-run"]) == 0  # both jobs hold their runs' locks
     assert capsys.readouterr().out.count(" training\n") == 2
 
-    os.kill(pid["cs"], signal.SIGUSR2)  # the time-limit warning: submitit requeues, the run resumes
     os.kill(pid["none"], signal.SIGKILL)  # gone without a word: its lock and step 4 stay behind
-    # while the requeued job trains on: the same sweep through the local pool, here, to compare with
+    until(lambda: not alive(dict(ledger())[runs["none"].name]), "the killed job still runs")
+    os.kill(pid["cs"], signal.SIGUSR2)  # the time-limit warning: submitit requeues, the run resumes
+    # the same command again, while cs is requeued: none alone is submitted, and waits after step 6
+    go = tmp_path / "go"
+    out = submit(6, until=go)
+    assert "d4-lr0.02-cs-seed0: not submitted again: job " in out and "submitted 1 of 1 runs" in out
+    # meanwhile, here: the same sweep through the local pool, the reference
     assert main(sweep(tmp_path / "pool")) == 0
     capsys.readouterr()
-    until(lambda: not alive(pid["none"]), "the killed job still runs")
-    summary = runs["cs"] / "summary.json"
-    until(lambda: summary.is_file() and json.loads(summary.read_text())["status"] == "complete", "no requeue")
-    ledger = [json.loads(line) for line in (folder / "slurm" / "submitted.jsonl").read_text().splitlines()]
-    controllers = {e["run"]: int(e["job"]) for e in ledger}
-    until(lambda: not any(alive(p) for p in controllers.values()), "a job's controller still runs")
-    cs_log = next((folder / "slurm" / str(controllers["d4-lr0.02-cs-seed0"])).glob("*_log.out"))
-    assert f"resuming {runs['cs']} from step-000004" in cs_log.read_text()  # the requeued job went on
-
+    until(lambda: complete(runs["cs"]) and 6 in records(runs["none"]), "no requeue, or no resumed run")
     assert main([*command, "--report-only"]) == 0  # the partial report: what has finished
-    assert "1 of 2 runs finished; the others: 1 resume" in capsys.readouterr().out
+    assert "1 of 2 runs finished; the others: 1 training" in capsys.readouterr().out
     assert "1 cells with 1 seed(s) each" in (folder / "report.md").read_text()
 
-    assert main(command) == 0  # the same command again: the killed run resumes, the other is reused
-    out = capsys.readouterr().out
-    assert "1 of 2 runs are finished already and reused" in out and "submitted 1 of 1 runs" in out
-    ledger = [json.loads(line) for line in (folder / "slurm" / "submitted.jsonl").read_text().splitlines()]
-    log = next((folder / "slurm" / ledger[-1]["job"]).glob("*_log.out")).read_text()
-    assert f"resuming {runs['none']} from step-000004" in log
-    steps = [r["step"] for r in map(json.loads, (runs["none"] / "metrics.jsonl").read_text().splitlines())]
-    assert steps == [2, 4, 6, 8]  # nothing lost, nothing twice
+    go.touch()
+    until(lambda: complete(runs["none"]), "the resumed run did not finish")
+    jobs = ledger()
+    assert [run for run, _ in jobs] == [runs["none"].name, runs["cs"].name, runs["none"].name]
+    until(lambda: not any(alive(job) for _, job in jobs), "a job's controller still runs")
+    for run, job in jobs[1:]:  # the requeued job and the resubmitted one both went on from step 4
+        assert (
+            f"resuming {folder / 'runs' / run} from step-000004"
+            in next((folder / "slurm" / str(job)).glob("*_log.out")).read_text()
+        )
+    assert records(runs["none"]) == [2, 4, 6, 8]  # nothing lost, nothing twice
+
+    assert main(command) == 0  # the same command once more: both finished, reused, the report
+    assert "2 of 2 runs are finished already and reused" in capsys.readouterr().out
     pool = tmp_path / "pool" / "t-sweep"
     assert (folder / "report.md").read_text() == (pool / "report.md").read_text()
     assert numbers(folder) == numbers(pool)
