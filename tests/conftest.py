@@ -13,7 +13,10 @@ torch.set_num_threads(1)
 
 @pytest.fixture(autouse=True)
 def _seed_and_threads():
+    # Every test starts from one thread: a benchmark's main() run in-process sets its own count, and
+    # a later test comparing numbers across processes (tests/test_cluster.py) must not inherit it.
     torch.manual_seed(0)
+    torch.set_num_threads(1)
     yield
 
 
