@@ -13,6 +13,9 @@ torch.set_num_threads(1)
 
 @pytest.fixture(autouse=True)
 def _seed_and_threads():
+    # Back to one thread before every test: a benchmark's main() run in a test applies its own
+    # --threads, and every later test of that worker would otherwise run two threads per core.
+    torch.set_num_threads(1)
     torch.manual_seed(0)
     yield
 
