@@ -179,6 +179,8 @@ def test_train_diffusers_unet2d_from_config(tmp_path):
         "train.log_every=1",
         "optim.warmup_steps=1",
         "sample.num_images=0",
+        "eval.every=0",  # the demo's evaluation at the last step: 256 samples of 50 solver steps
+        "diagnostics.noise_levels=8",  # the probe at the end runs on the wrapper, on 8 images not 256
     ]
     cfg = load_config("configs/demo.yaml", overrides)
     rows = describe(build_model(cfg.model))

@@ -169,6 +169,7 @@ def test_train_tiny_unet_from_config(tmp_path):
         "optim.lr=2e-3",
         "optim.warmup_steps=1",
         "sample.num_images=0",
+        "diagnostics.noise_levels=8",  # the end-of-run probe on 8 held-out images, not 256
     ]
     cfg = load_config("configs/cifar10_unet_ddpm.yaml", overrides)
     result = train(cfg, progress=False)
@@ -224,6 +225,7 @@ def test_unet_config_without_kappa_resolves_to_0_9_shows_it_and_resumes(tmp_path
         "train.batch_size=4",
         "sample.num_images=0",
         "diagnostics.every=0",
+        "diagnostics.noise_levels=8",  # the end-of-run probe on 8 held-out images, not 256
         "--no-progress",
     ]
     assert main(["train", str(config), "train.steps=2", *tiny_run]) == 0
