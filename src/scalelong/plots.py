@@ -345,6 +345,7 @@ def fig1_by_depth_figure(
     key: str = names.FEATURE_NORM,
     log: bool | None = None,
     title: str = "",
+    ylabel: str = "norm of hidden features",
 ):
     """The paper's Fig. 1 across depths, as a matplotlib Figure (not saved; :func:`plot_fig1_by_depth`
     saves it). ``runs[(depth, method)]`` holds the records of each seed of that cell.
@@ -378,7 +379,7 @@ def fig1_by_depth_figure(
         ax.grid(alpha=0.3)
         if ax.lines:
             ax.legend(fontsize=8)
-    panels[0].set_ylabel("norm of hidden features")
+    panels[0].set_ylabel(ylabel)
     if spans_decades(values) if log is None else log and any(v > 0 and math.isfinite(v) for v in values):
         for ax in panels:
             ax.set_yscale("log")

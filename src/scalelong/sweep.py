@@ -42,6 +42,7 @@ from scalelong.plots import (
 from scalelong.runs import RunDir, config_differences
 from scalelong.studies.basin import Basin, basin_json, basin_section, basin_table, basins, method_order
 from scalelong.studies.divergence import DEFAULT_RULE, DivergenceRule, criteria
+from scalelong.studies.length import length_section
 from scalelong.studies.report import (
     digit_headers,
     digit_legend,
@@ -451,6 +452,9 @@ def write_sweep_report(
             label = "lr basin" + ("" if depth is None else f", depth {depth}")
             tables.append(f"{label}:\n\n{basin_table(mine)}")
     parts += fig1_section(runs, sweep_dir, fig1_lr)
+    lrs = sorted({c.lr for c in runs})
+    if lrs:
+        parts += length_section(runs, sweep_dir, lrs[0] if fig1_lr is None else fig1_lr)
     broken = broken_runs([r for rs in runs.values() for r in rs] + list(failed))
     if broken:
         parts += ["## Runs that diverged or failed", "\n".join(broken)]

@@ -93,6 +93,14 @@ def heldout_x0_error(records: Records, weights: str = "ema") -> float:
     return math.nan if last is None else _level_mean(_x0_levels(last, weights))
 
 
+def heldout_x0_series(records: Records, weights: str = "ema") -> tuple[list[int], list[float]]:
+    """Every held-out probe of a run: ``(steps, x0 errors)``, each averaged over the noise levels as
+    :func:`heldout_x0_error` averages the last one (inf where a probe was not finite); step 0 is
+    the untrained model where the run measured it."""
+    probes = [(int(r["step"]), _x0_levels(r, weights)) for r in records]
+    return [s for s, v in probes if v], [_level_mean(v) for _, v in probes if v]
+
+
 def initial_x0_error(records: Records) -> float:
     """The held-out x0 error of the untrained model, measured at step 0
     (``diagnostics.noise_levels_at_start``), averaged over the noise levels; NaN where the run did
