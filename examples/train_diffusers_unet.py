@@ -233,6 +233,12 @@ def infinite(loader):
 
 
 def train(args: argparse.Namespace) -> None:
+    out = Path(args.output_dir)
+    checkpoint = None
+    if args.resume_from_checkpoint:  # a checkpoint of other settings is refused before anything is built
+        checkpoint = find_checkpoint(out, args.resume_from_checkpoint)
+        check_resumable(checkpoint, args)
+
     import torch
     import torch.nn.functional as F
     from accelerate import Accelerator
@@ -244,7 +250,6 @@ def train(args: argparse.Namespace) -> None:
 
     from scalelong import Diagnostics, RunLog, apply_scalelong
 
-    out = Path(args.output_dir)
     try:
         accelerator = Accelerator(
             mixed_precision=args.mixed_precision,
@@ -301,9 +306,7 @@ def train(args: argparse.Namespace) -> None:
     model = accelerator.unwrap_model(unet)  # the diagnostics and the saved files see the plain UNet
 
     global_step = 0
-    if args.resume_from_checkpoint:
-        checkpoint = find_checkpoint(out, args.resume_from_checkpoint)
-        check_resumable(checkpoint, args)
+    if checkpoint is not None:
         accelerator.load_state(str(checkpoint))  # weights and gates, optimizer, lr, EMA, RNG
         global_step = int(checkpoint.name.split("-")[1])
         accelerator.print(f"resumed from {checkpoint} at step {global_step}")

@@ -15,7 +15,7 @@ import torch
 import scalelong.launch
 import scalelong.studies.running
 import scalelong.sweep
-from conftest import learning_uvit_overrides as learning_overrides
+from conftest import learning_uvit_overrides
 from run_until_killed import waiting_run_all
 from scalelong.cli import main
 from scalelong.compare import method_config
@@ -26,12 +26,6 @@ from scalelong.studies.cluster import ClusterOptions, parse_sbatch, parse_time
 from scalelong.studies.running import RunOutcome, run_all, train_run
 
 TESTS = Path(__file__).parent
-
-
-def learning_uvit_overrides(out_dir) -> list[str]:
-    """conftest's tiny U-ViT with its held-out denoising errors measured on 16 images, not 256:
-    measuring 256 is most of such a run's time, and every run here starts a process or more."""
-    return [*learning_overrides(out_dir), "diagnostics.noise_levels=16"]
 
 
 @pytest.fixture

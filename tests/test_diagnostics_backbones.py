@@ -206,6 +206,7 @@ TOY_DIFFUSERS = [
     "sample.num_images=0",
     "eval.every=0",
     "diagnostics.every=2",
+    "diagnostics.noise_levels=8",  # the end-of-run probe on 8 held-out images, not 256
 ]
 
 

@@ -3,11 +3,14 @@
 Each runs as a user runs it, a subprocess in a fresh working folder, for a few steps: its
 metrics.jsonl must hold the diagnostics (finite hidden-feature norms, per-block and per-skip
 keys) so that ``scalelong analyze`` draws them, its sample grid must exist, and its saved weights
-must load back into a model with the same skip scaling. A bad argument is one line and exit 2.
+must load back into a model with the same skip scaling. A bad argument is one line and exit 2:
+the argument checks, which end before anything is imported or built, run as the script's main()
+in this process.
 """
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import math
 import os
@@ -47,6 +50,18 @@ def run_example(script: str, args: list[str], cwd: Path) -> subprocess.Completed
     )
 
 
+def example_main(script: str, args: list[str], cwd: Path, monkeypatch, capsys) -> tuple[int, str]:
+    """The script's ``main(args)`` in this process, in ``cwd``: its exit code and its stderr."""
+    spec = importlib.util.spec_from_file_location(Path(script).stem, EXAMPLES / script)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    capsys.readouterr()
+    with monkeypatch.context() as m:
+        m.chdir(cwd)
+        code = module.main(args)
+    return code, capsys.readouterr().err
+
+
 def records(run: Path) -> list[dict]:
     return [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
 
@@ -70,7 +85,7 @@ def assert_analyze_draws(run: Path) -> None:
     assert (run / "report" / "feature_norm.png").stat().st_size > 0
 
 
-def test_the_diffusers_example_trains_logs_saves_samples_and_resumes(tmp_path):
+def test_the_diffusers_example_trains_logs_saves_samples_and_resumes(tmp_path, monkeypatch, capsys):
     from diffusers import UNet2DModel
 
     from scalelong import is_applied, load_scalelong
@@ -111,15 +126,16 @@ def test_the_diffusers_example_trains_logs_saves_samples_and_resumes(tmp_path):
     assert [r["step"] for r in records(resumed) if "loss" in r] == [1, 2, 3, 4]
     assert records(resumed)[:2] == records(run)[:2]
 
-    # A checkpoint of another skip method is refused in one line.
+    # A checkpoint of another skip method is refused in one line, before anything is built (the
+    # script's main() in this process).
     other = [a if a != "ls" else "cs" for a in args]
-    refused = run_example("train_diffusers_unet.py", other, tmp_path)
-    assert refused.returncode == 2
-    assert refused.stderr.strip().splitlines() == [refused.stderr.strip()]
-    assert "--skip-method ls (now cs)" in refused.stderr
+    code, err = example_main("train_diffusers_unet.py", other, tmp_path, monkeypatch, capsys)
+    assert code == 2
+    assert err.strip().splitlines() == [err.strip()]
+    assert "--skip-method ls (now cs)" in err
 
 
-def test_the_plain_uvit_example_trains_saves_samples_and_resumes_exactly(tmp_path):
+def test_the_plain_uvit_example_trains_saves_samples_and_resumes_exactly(tmp_path, monkeypatch, capsys):
     from safetensors.torch import load_file
 
     from scalelong import UViT
@@ -154,9 +170,10 @@ def test_the_plain_uvit_example_trains_saves_samples_and_resumes_exactly(tmp_pat
     final = "checkpoints/step-000004/model.safetensors"
     assert (resumed / final).read_bytes() == (run / final).read_bytes()
 
-    # Without --resume, a folder that holds checkpoints is refused rather than mixed into.
-    refused = run_example("train_uvit_plain.py", args[:-1], tmp_path)
-    assert refused.returncode == 2 and "pass --resume" in refused.stderr
+    # Without --resume, a folder that holds checkpoints is refused rather than mixed into (before
+    # anything is built: the script's main() in this process).
+    code, err = example_main("train_uvit_plain.py", args[:-1], tmp_path, monkeypatch, capsys)
+    assert code == 2 and "pass --resume" in err
 
 
 @pytest.mark.parametrize(
@@ -169,9 +186,9 @@ def test_the_plain_uvit_example_trains_saves_samples_and_resumes_exactly(tmp_pat
         ("train_uvit_plain.py", ["--img-size", "30"], "divisible by --patch-size 4"),
     ],
 )
-def test_a_bad_argument_is_one_line_and_exit_2(tmp_path, script, args, says):
-    done = run_example(script, ["--output-dir", "run", *args], tmp_path)
-    assert done.returncode == 2
-    lines = done.stderr.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("error: ") and says in lines[0], done.stderr
+def test_a_bad_argument_is_one_line_and_exit_2(tmp_path, monkeypatch, capsys, script, args, says):
+    code, err = example_main(script, ["--output-dir", "run", *args], tmp_path, monkeypatch, capsys)
+    assert code == 2
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: ") and says in lines[0], err
     assert not (tmp_path / "run").exists()  # nothing written

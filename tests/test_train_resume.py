@@ -51,6 +51,7 @@ TINY = {
         "tensorboard": False,
     },
     "sample": {"num_images": 0},
+    "diagnostics": {"noise_levels": 8},  # the end-of-run probe on 8 held-out images, not 256
 }
 ENV = dict(os.environ, OMP_NUM_THREADS="1", MKL_NUM_THREADS="1")
 
