@@ -32,6 +32,7 @@ from torch import nn
 
 from scalelong.adapters import apply_scalelong
 from scalelong.config import BUILDER_FORM, ModelConfig, resolved_kappa
+from scalelong.diagnostics import model_output
 from scalelong.errors import ScaleLongError
 from scalelong.skips import find_skip_scaling
 
@@ -55,18 +56,15 @@ class UserModel(nn.Module):
 
 
 def prediction(out: object) -> torch.Tensor:
-    """The tensor in what the network returned: itself, ``.sample``, or the first of a tuple."""
-    if isinstance(out, torch.Tensor):
-        return out
-    if isinstance(out, (tuple, list)) and out and isinstance(out[0], torch.Tensor):
-        return out[0]
-    sample = getattr(out, "sample", None)
-    if isinstance(sample, torch.Tensor):
-        return sample
-    raise ScaleLongError(
-        f"model.python: the network returned a {type(out).__name__}; return the prediction as a tensor "
-        "(or an object with it as .sample, or a tuple that holds it first)"
-    )
+    """The tensor in what the network returned (:func:`scalelong.diagnostics.model_output`), with
+    the error naming ``model.python``, the config key that chose the network."""
+    try:
+        return model_output(out)
+    except ScaleLongError:
+        raise ScaleLongError(
+            f"model.python: the network returned a {type(out).__name__}; return the prediction as a "
+            "tensor (or an object with it as .sample, or a tuple that holds it first)"
+        ) from None
 
 
 def load_builder(spec: str) -> Callable[..., object]:
