@@ -330,6 +330,12 @@ def gap_table(cells: Sequence[CellSummary], metric: str) -> str:
     return "\n".join(lines) if len(lines) > 2 else ""
 
 
+def figure_lr(runs: Mapping[Cell, Sequence[StudyRun]], fig1_lr: float | None) -> float | None:
+    """The lr the report's figures over steps are drawn at: ``fig1_lr``, else the map's smallest
+    (None for a map without cells)."""
+    return fig1_lr if fig1_lr is not None else min((c.lr for c in runs), default=None)
+
+
 def fig1_section(
     runs: Mapping[Cell, Sequence[StudyRun]], sweep_dir: Path, fig1_lr: float | None = None
 ) -> list[str]:
@@ -338,8 +344,7 @@ def fig1_section(
     per method (:func:`scalelong.plots.plot_fig1_by_depth`), its last values in a table, and per
     depth the norm of every out-block, one panel per method, to locate a blow-up."""
     heading = "## Fig. 1: hidden-feature norm by depth"
-    lrs = sorted({c.lr for c in runs})
-    lr = lrs[0] if fig1_lr is None and lrs else fig1_lr
+    lr = figure_lr(runs, fig1_lr)
     cells: dict[Cell, list[StudyRun]] = {}  # the cells drawn, each with its seeds' logged runs
     for c, rs in sorted(runs.items(), key=lambda kv: (kv[0].depth or 0, method_order(kv[0].method))):
         logged = [r for r in rs if r.records]
@@ -452,9 +457,8 @@ def write_sweep_report(
             label = "lr basin" + ("" if depth is None else f", depth {depth}")
             tables.append(f"{label}:\n\n{basin_table(mine)}")
     parts += fig1_section(runs, sweep_dir, fig1_lr)
-    lrs = sorted({c.lr for c in runs})
-    if lrs:
-        parts += length_section(runs, sweep_dir, lrs[0] if fig1_lr is None else fig1_lr)
+    if (lr := figure_lr(runs, fig1_lr)) is not None:
+        parts += length_section(runs, sweep_dir, lr)
     broken = broken_runs([r for rs in runs.values() for r in rs] + list(failed))
     if broken:
         parts += ["## Runs that diverged or failed", "\n".join(broken)]

@@ -9,6 +9,7 @@ row.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
@@ -57,7 +58,7 @@ def length_section(runs: Mapping[Cell, Sequence[StudyRun]], sweep_dir: Path, lr:
     """The report's section on the gap by length at ``lr``: the held-out x0 error against step,
     one panel per depth and one line per method (heldout.png; mean over seeds, band min..max),
     and per depth :func:`length_table`. Empty where no run probed twice after step 0."""
-    mine = {c: [r for r in rs if r.records] for c, rs in runs.items() if abs(c.lr - lr) <= 1e-9 * lr}
+    mine = {c: [r for r in rs if r.records] for c, rs in runs.items() if math.isclose(c.lr, lr, rel_tol=1e-9)}
     if not probed_often(mine):
         return []
     curves = {
