@@ -4,6 +4,8 @@ traceback, and nothing written (no run folder, no report, the run directory unch
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -134,8 +136,35 @@ def test_every_shipped_recipe_passes_the_model_check_with_every_method(config):
                 load_config(config, overrides)
             continue
         cfg = load_config(config, overrides)
-        assert next(check_model(cfg.model).parameters()).is_meta
+        model = check_model(cfg.model)
+        small = sum(p.numel() for p in model.parameters()) <= scalelong.build.CHECK_ON_CPU_PARAMETERS
+        assert next(model.parameters()).device.type == ("cpu" if small else "meta")
     assert torch.equal(torch.get_rng_state(), rng)  # nothing drawn: a run's initialisation is unchanged
+
+
+@pytest.mark.parametrize("case", ["uvit-ls-tokens", "diffusers-odd-side"])
+def test_a_model_above_the_cpu_check_size_is_checked_on_the_meta_device(monkeypatch, case):
+    cfg = load_config(DEMO, ["data.path=/nowhere"])
+    monkeypatch.setattr(scalelong.build, "CHECK_ON_CPU_PARAMETERS", 0)
+    assert next(check_model(cfg.model).parameters()).is_meta
+    overrides, words = REJECTED[case]
+    with pytest.raises(ScaleLongError) as meta_error:
+        check_model(load_config(DEMO, ["data.path=/nowhere", *overrides]).model)
+    monkeypatch.undo()
+    with pytest.raises(ScaleLongError) as cpu_error:
+        check_model(load_config(DEMO, ["data.path=/nowhere", *overrides]).model)
+    for error in (meta_error, cpu_error):
+        assert all(w in str(error.value) for w in words), str(error.value)
+
+
+def test_the_model_check_of_the_demo_imports_no_symbolic_shapes():
+    # torch's meta kernels pull in sympy on the first convolution: 1.5 s in every CLI process
+    code = (
+        "import sys; from scalelong.build import check_model; from scalelong.config import load_config; "
+        f"check_model(load_config({str(DEMO)!r}).model); print('sympy' in sys.modules)"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "False"
 
 
 def test_a_study_checks_each_model_config_once(monkeypatch):
@@ -150,7 +179,7 @@ def test_a_study_checks_each_model_config_once(monkeypatch):
     assert checked == ["none", "cs"]  # the second seed of each method shares the first one's model
 
 
-def test_train_builds_the_model_once_on_the_meta_device_and_once_for_real(tmp_path, capsys, monkeypatch):
+def test_train_checks_the_model_before_it_builds_it_for_the_run(tmp_path, capsys, monkeypatch):
     devices = []
     construct = scalelong.build._construct
 
@@ -161,7 +190,7 @@ def test_train_builds_the_model_once_on_the_meta_device_and_once_for_real(tmp_pa
     monkeypatch.setattr(scalelong.build, "_construct", spy)
     overrides = [*tiny_uvit_overrides("once", tmp_path / "runs", steps=2), "sample.num_images=0"]
     assert main(["train", str(DEMO), *overrides, "--no-progress"]) == 0, capsys.readouterr().err
-    assert devices == ["meta", "cpu"]
+    assert devices == ["meta", "cpu", "cpu"]  # counted on meta, checked on the CPU, then the run's
 
 
 # ----------------------------------------------------------------------------- damaged raw weights

@@ -142,31 +142,43 @@ def build_diffusers_unet2d(
     return DiffusersUNet2D(unet)
 
 
-def check_model(cfg: ModelConfig) -> nn.Module:
-    """Build the model on the meta device and pass one input through it; return the meta model.
+# Up to this many parameters the check builds and runs the model on the CPU for real: torch's
+# meta kernels import sympy and ~900 other modules on their first use (about 1.5 s of start-up in
+# every process), while building and running the demo's U-ViT takes 0.06 s; initialising the
+# weights grows with their number and reaches the meta kernels' cost at about 40M parameters.
+CHECK_ON_CPU_PARAMETERS = 20_000_000
 
-    Shapes only: no weights are made and nothing is computed, so this takes milliseconds even for
-    the 131M-parameter ImageNet 64 U-ViT. Every shape the backbone rejects, in its constructor or
-    in its forward pass (a decoder whose upsampled side misses its skip's), becomes one
-    ScaleLongError that names ``model.<type>`` and the keys to change, before any data is read
-    or any file written. The command line calls it once per distinct model config before it
-    starts anything (``train``, ``info``, ``--dry-run``, and every run of ``compare`` and
-    ``sweep`` through :func:`check_models`); :func:`build_model` alone catches only the
+
+def check_model(cfg: ModelConfig) -> nn.Module:
+    """Build the model and pass one input through it; return that model.
+
+    A model of up to ``CHECK_ON_CPU_PARAMETERS`` is built and run on the CPU at batch 1, with the
+    RNG state given back afterwards, so a run's initialisation is unchanged; a larger one (the
+    131M-parameter ImageNet 64 U-ViT) on the meta device, where no weight is made and nothing
+    computed. Either takes well under a second. Every shape the backbone rejects, in its
+    constructor or in its forward pass (a decoder whose upsampled side misses its skip's),
+    becomes one ScaleLongError that names ``model.<type>`` and the keys to change, before any
+    data is read or any file written. The command line calls it once per distinct model config
+    before it starts anything (``train``, ``info``, ``--dry-run``, and every run of ``compare``
+    and ``sweep`` through :func:`check_models`); :func:`build_model` alone catches only the
     constructor's errors.
     """
     model = build_model(cfg, device="meta")
+    device = "cpu" if count_parameters(model) <= CHECK_ON_CPU_PARAMETERS else "meta"
     shape = model_input_shape(cfg)
-    with torch.device("meta"):
+    with torch.random.fork_rng(devices=[]), torch.device(device):  # what it draws is given back
+        if device == "cpu":
+            model = build_model(cfg)  # not meta.to_empty(): that, too, goes through the meta kernels
         x, t = torch.zeros(1, *shape), torch.full((1,), 0.5)
         if getattr(model, "context_embed", None) is not None:  # text-conditional: one caption's tokens
             labels = torch.zeros(1, cfg.uvit.context_tokens, cfg.uvit.context_dim)
         else:
             labels = torch.zeros(1, dtype=torch.long)
-    try:
-        with torch.no_grad():
-            model(x, t, **conditioning(model, labels))
-    except Exception as e:
-        raise _rejected(cfg, f"fails on a {'x'.join(map(str, shape))} input", e) from e
+        try:
+            with torch.no_grad():
+                model(x, t, **conditioning(model, labels))
+        except Exception as e:
+            raise _rejected(cfg, f"fails on a {'x'.join(map(str, shape))} input", e) from e
     return model
 
 

@@ -84,7 +84,7 @@ def _print_info(cfg, dry_run: bool = False) -> int:
     from scalelong.config import config_to_dict
     from scalelong.skips import KAPPA_METHODS, PAPER_METHODS, skip_table
 
-    model = check_model(cfg.model)  # on the meta device: shapes checked, counted, no weights made
+    model = check_model(cfg.model)  # shapes checked before anything is read; counted from it
     if dry_run:
         print(yaml.safe_dump(config_to_dict(cfg), sort_keys=False).rstrip())
         print()
