@@ -57,3 +57,21 @@ def test_the_section_draws_one_panel_and_is_left_out_without_two_probes(tmp_path
     once = {c: [run(c.method, 0, {0: 0.8, 1000: 0.2})] for c in cells()}  # one probe after step 0
     assert length_section(once, tmp_path, 0.01) == []
     assert length_section(cells(), tmp_path, 0.02) == []  # no cell at that lr
+
+
+def test_the_figure_leaves_out_the_untrained_model(tmp_path, monkeypatch):
+    import scalelong.studies.length as length
+
+    drawn = {}
+
+    def capture(curves, path, **kwargs):
+        drawn.update(curves)
+        path.write_bytes(b"")
+        return path
+
+    monkeypatch.setattr(length, "plot_fig1_by_depth", capture)
+    length_section(cells(), tmp_path, 0.01)
+    assert drawn.keys() == {(12, "none"), (12, "cs")}
+    for seeds in drawn.values():  # step 0's 0.8 would squash the trained runs' 0.15..0.22
+        assert [[r["step"] for r in records] for records in seeds] == [[1000, 2000]] * 2
+    assert drawn[12, "cs"][1][1][length.KEY] == pytest.approx(0.15)

@@ -61,10 +61,8 @@ def length_section(runs: Mapping[Cell, Sequence[StudyRun]], sweep_dir: Path, lr:
     mine = {c: [r for r in rs if r.records] for c, rs in runs.items() if math.isclose(c.lr, lr, rel_tol=1e-9)}
     if not probed_often(mine):
         return []
-    curves = {
-        (c.depth, c.method): [
-            [{"step": s, KEY: v} for s, v in zip(*heldout_x0_series(r.records), strict=True)] for r in rs
-        ]
+    curves = {  # from the first probe after step 0: the untrained model's error would flatten the rest
+        (c.depth, c.method): [[{"step": s, KEY: v} for s, v in probes(r).items()] for r in rs]
         for c, rs in sorted(mine.items(), key=lambda kv: (kv[0].depth or 0, method_order(kv[0].method)))
     }
     png = plot_fig1_by_depth(
@@ -73,8 +71,9 @@ def length_section(runs: Mapping[Cell, Sequence[StudyRun]], sweep_dir: Path, lr:
     parts = [
         "## The gap by length: held-out x0 error over training",
         f"At lr {lr:g}: the EMA model's x0 error on the fixed held-out images, averaged over the noise "
-        "levels, at every probe (`diagnostics.noise_levels_every`; step 0 is the untrained model). The "
-        "line is the mean over seeds, the band their min..max. In the tables, mean ± the half-width of a "
+        "levels, at every probe after step 0 (`diagnostics.noise_levels_every`; the untrained model's "
+        "error, several times larger, is left out so the axis resolves the trained runs). The line is the "
+        "mean over seeds, the band their min..max. In the tables, mean ± the half-width of a "
         "95% t-interval and, after `- none`, the difference to `none` at the same step, paired by seed: "
         "a gap that opens with length grows along its row.",
         f"![held-out x0 error over training at lr {lr:g}]({png.name})",
