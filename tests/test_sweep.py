@@ -1,6 +1,7 @@
 """The stability map (`scalelong sweep`): cells, validation, divergence as a result, reuse, seeds added."""
 
 import json
+import math
 import os
 import signal
 import subprocess
@@ -15,7 +16,7 @@ from scalelong.cli import main
 from scalelong.errors import ScaleLongError
 from scalelong.studies.divergence import Divergence
 from scalelong.studies.statistics import rate_interval
-from scalelong.studies.summary import Cell, CellSummary, SeedSummary
+from scalelong.studies.summary import Cell, CellSummary, SeedSummary, least_value
 from scalelong.sweep import cell_table, parse_numbers, stability_table
 
 
@@ -78,6 +79,22 @@ def test_tables_name_the_largest_stable_lr_and_the_best_stable_cell():
     assert rows[4] == "| none | 0.01 | 2 | 0.22 ± 0.25 | 1 ± 0 | 0 ± 0 | 1/2 (loss) | 50% (1%-99%) |"
     assert rate_interval(0, 5)[1] == pytest.approx(0.522, abs=1e-3)  # 0/5 still allows 52%
     assert rate_interval(5, 5)[0] == pytest.approx(0.478, abs=1e-3)
+
+
+def test_the_cell_table_gives_the_least_fp16_headroom_and_the_seeds_that_overflowed():
+    def cell(method, headrooms):
+        seeds = [SeedSummary(k, final_loss=0.2, feature_osc=1.0, spikes=0.0, fp16_headroom=h)
+                 for k, h in enumerate(headrooms)]  # fmt: skip
+        return CellSummary(Cell(12, 1e-2, method), seeds, "loss")
+
+    rows = cell_table([cell("none", [0.59, 3.0]), cell("cs", [7.9, 12.0])], "loss").splitlines()
+    assert "| loss spikes | least fp16 headroom | diverged |" in rows[0]
+    assert rows[2].split(" | ")[6:8] == ["0.59 (1/2 below 1)", "0/2"]
+    assert rows[3].split(" | ")[6:8] == ["7.9", "0/2"]
+    # runs that logged no headroom (diagnostics off, older runs): no column
+    assert "headroom" not in cell_table([cell("none", [math.nan])], "loss")
+    records = [{"step": 25, "fp16/headroom": 4.0}, {"step": 50, "fp16/headroom": 0.5}, {"step": 75}]
+    assert least_value(records, "fp16/headroom") == 0.5 and math.isnan(least_value(records, "loss"))
 
 
 def mtimes(folder):

@@ -175,13 +175,26 @@ def stability_table(cells: Sequence[CellSummary], metric: str) -> str:
     return "\n".join(lines)
 
 
+def least_headroom(values: Sequence[float]) -> str:
+    """The seeds' least fp16 headroom: the smallest, and how many seeds fell below 1 (their
+    largest value past fp16's 65,504: an fp16 run would have overflowed there)."""
+    finite = [v for v in values if math.isfinite(v)]
+    if not finite:
+        return ""
+    below = sum(v < 1 for v in finite)
+    return f"{min(finite):.2g}" + (f" ({below}/{len(finite)} below 1)" if below else "")
+
+
 def cell_table(cells: Sequence[CellSummary], metric: str, real_digits: Mapping | None = None) -> str:
     """Every cell: mean ± 95% interval over seeds of the final ``metric``, the digit score of the
     last evaluation (when the runs logged it: eval.metric fd-mnist; ``real_digits`` is its
-    yardstick), feature-norm oscillation, spikes, and how many seeds diverged by which criterion."""
+    yardstick), feature-norm oscillation, spikes, the least fp16 headroom (where the runs logged
+    it: :func:`least_headroom`), and how many seeds diverged by which criterion."""
     digits = has_digits(*(c.values(k) for c in cells for k in ("confident", "entropy")))
+    headroom = any(math.isfinite(v) for c in cells for v in c.values("fp16_headroom"))
     extra = digit_headers(real_digits) if digits else []
     head = ["method", "lr", "seeds", f"final {metric}", *extra, "feature-norm osc. std", "loss spikes"]
+    head += ["least fp16 headroom"] if headroom else []
     lines = [
         "| " + " | ".join([*head, "diverged", "divergence rate (95% CI)"]) + " |",
         "|---" * (len(head) + 2) + "|",
@@ -190,7 +203,9 @@ def cell_table(cells: Sequence[CellSummary], metric: str, real_digits: Mapping |
         lo, hi = rate_interval(c.diverged, c.count)
         scores = [fmt_ci(c.values("confident"), 2), fmt_ci(c.values("entropy"), 2)] if digits else []
         row = [c.cell.method, f"{c.cell.lr:g}", str(c.count), fmt_ci(c.final), *scores]
-        row += [fmt_ci(c.values("feature_osc")), fmt_ci(c.values("spikes")), criteria(c.breaks)]
+        row += [fmt_ci(c.values("feature_osc")), fmt_ci(c.values("spikes"))]
+        row += [least_headroom(c.values("fp16_headroom"))] if headroom else []
+        row.append(criteria(c.breaks))
         lines.append("| " + " | ".join(row) + f" | {c.diverged / c.count:.0%} ({lo:.0%}-{hi:.0%}) |")
     return "\n".join(lines)
 
@@ -229,6 +244,7 @@ def write_map_json(cells: Sequence[CellSummary], path: Path, key: str, basin: Se
             "basin_value_raw": [number(r.value("raw")) for r in basin_runs(c)],
             "feature_norm_osc_std": [number(x) for x in c.values("feature_osc")],
             "loss_spikes": [number(x) for x in c.values("spikes")],
+            "fp16_headroom_least": [number(x) for x in c.values("fp16_headroom")],
             "digits_confident": [number(x) for x in c.values("confident")],
             "digits_entropy": [number(x) for x in c.values("entropy")],
             "diverged": [

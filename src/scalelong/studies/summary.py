@@ -74,6 +74,12 @@ def mean_value(records: Records, key: str) -> float:
     return statistics.fmean(finite) if finite else math.nan
 
 
+def least_value(records: Records, key: str) -> float:
+    """The smallest finite value of ``key`` (NaN if it has none)."""
+    finite = [v for v in series(records, key)[1] if math.isfinite(v)]
+    return min(finite) if finite else math.nan
+
+
 def _x0_levels(record: Mapping, weights: str) -> list[float]:
     """The held-out x0 errors per noise level of one record (``noise/x0_mse@L``, or with
     ``weights="raw"`` ``noise/raw/x0_mse@L``); empty where the record holds none."""
@@ -136,6 +142,7 @@ class SeedSummary:
     feature_norm: float = math.nan  # the last logged hidden-feature norm (the paper's Fig. 1)
     feature_osc: float = math.nan  # mean sliding-window std of the hidden-feature norm
     spikes: float = math.nan  # loss spikes by the end
+    fp16_headroom: float = math.nan  # the least ``fp16/headroom`` of the run; below 1 fp16 overflows
     confident: float = math.nan  # digit score of the last evaluation (fd-mnist)
     entropy: float = math.nan  # its class balance
     x0_error: float = math.nan  # held-out x0 error of the last probe (:func:`heldout_x0_error`), EMA
@@ -155,6 +162,7 @@ def summarise_run(run: StudyRun) -> SeedSummary:
         feature_norm=last_value(r, names.FEATURE_NORM),
         feature_osc=mean_value(r, names.osc(names.FEATURE_NORM, "std")),
         spikes=last_value(r, names.SPIKES),
+        fp16_headroom=least_value(r, names.FP16_HEADROOM),
         confident=last_value(r, names.DIGITS_CONFIDENT),
         entropy=last_value(r, names.DIGITS_ENTROPY),
         x0_error=heldout_x0_error(r),
