@@ -62,22 +62,26 @@ def broken_runs(runs: Iterable[StudyRun]) -> list[str]:
 # ----------------------------------------------------------------------------- values of one run
 
 
+def _finite(records: Records, key: str) -> list[float]:
+    """The finite values of ``key`` in step order."""
+    return [v for v in series(records, key)[1] if math.isfinite(v)]
+
+
 def last_value(records: Records, key: str) -> float:
     """The last finite value of ``key`` in step order (NaN if it has none)."""
-    finite = [v for v in series(records, key)[1] if math.isfinite(v)]
+    finite = _finite(records, key)
     return finite[-1] if finite else math.nan
 
 
 def mean_value(records: Records, key: str) -> float:
     """The mean of the finite values of ``key`` (NaN if it has none)."""
-    finite = [v for v in series(records, key)[1] if math.isfinite(v)]
+    finite = _finite(records, key)
     return statistics.fmean(finite) if finite else math.nan
 
 
 def least_value(records: Records, key: str) -> float:
     """The smallest finite value of ``key`` (NaN if it has none)."""
-    finite = [v for v in series(records, key)[1] if math.isfinite(v)]
-    return min(finite) if finite else math.nan
+    return min(_finite(records, key), default=math.nan)
 
 
 def _x0_levels(record: Mapping, weights: str) -> list[float]:
