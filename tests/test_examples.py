@@ -3,9 +3,10 @@
 Each runs as a user runs it, a subprocess in a fresh working folder, for a few steps: its
 metrics.jsonl must hold the diagnostics (finite hidden-feature norms, per-block and per-skip
 keys) so that ``scalelong analyze`` draws them, its sample grid must exist, and its saved weights
-must load back into a model with the same skip scaling. A bad argument is one line and exit 2:
-the argument checks, which end before anything is imported or built, run as the script's main()
-in this process.
+must load back into a model with the same skip scaling. The resumed run (one subprocess per
+script is enough to show the script runs as a user runs it) and the argument checks, which end
+before anything is imported or built, run as the script's main() in this process; a bad argument
+is one line and exit 2.
 """
 
 from __future__ import annotations
@@ -50,8 +51,8 @@ def run_example(script: str, args: list[str], cwd: Path) -> subprocess.Completed
     )
 
 
-def example_main(script: str, args: list[str], cwd: Path, monkeypatch, capsys) -> tuple[int, str]:
-    """The script's ``main(args)`` in this process, in ``cwd``: its exit code and its stderr."""
+def example_main(script: str, args: list[str], cwd: Path, monkeypatch, capsys) -> tuple[int, str, str]:
+    """The script's ``main(args)`` in this process, in ``cwd``: its exit code, stdout and stderr."""
     spec = importlib.util.spec_from_file_location(Path(script).stem, EXAMPLES / script)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
@@ -59,7 +60,8 @@ def example_main(script: str, args: list[str], cwd: Path, monkeypatch, capsys) -
     with monkeypatch.context() as m:
         m.chdir(cwd)
         code = module.main(args)
-    return code, capsys.readouterr().err
+    out, err = capsys.readouterr()
+    return code, out, err
 
 
 def records(run: Path) -> list[dict]:
@@ -120,16 +122,17 @@ def test_the_diffusers_example_trains_logs_saves_samples_and_resumes(tmp_path, m
         "--resume-from-checkpoint",
         "latest",
     ]
-    again = run_example("train_diffusers_unet.py", args, tmp_path)
-    assert again.returncode == 0, again.stderr[-3000:]
-    assert "resumed from" in again.stdout and "checkpoint-2 at step 2" in again.stdout
+    # (here, in this process: the first run above is the user's subprocess)
+    code, out, err = example_main("train_diffusers_unet.py", args, tmp_path, monkeypatch, capsys)
+    assert code == 0, err[-3000:]
+    assert "resumed from" in out and "checkpoint-2 at step 2" in out
     assert [r["step"] for r in records(resumed) if "loss" in r] == [1, 2, 3, 4]
     assert records(resumed)[:2] == records(run)[:2]
 
     # A checkpoint of another skip method is refused in one line, before anything is built (the
     # script's main() in this process).
     other = [a if a != "ls" else "cs" for a in args]
-    code, err = example_main("train_diffusers_unet.py", other, tmp_path, monkeypatch, capsys)
+    code, _, err = example_main("train_diffusers_unet.py", other, tmp_path, monkeypatch, capsys)
     assert code == 2
     assert err.strip().splitlines() == [err.strip()]
     assert "--skip-method ls (now cs)" in err
@@ -164,15 +167,15 @@ def test_the_plain_uvit_example_trains_saves_samples_and_resumes_exactly(tmp_pat
     resumed = tmp_path / "resumed"
     shutil.copytree(run, resumed, ignore=shutil.ignore_patterns("step-000004", "report"))
     args = ["--output-dir", "resumed", "--skip-method", "ls", *UVIT_TOY, "--resume"]
-    again = run_example("train_uvit_plain.py", args, tmp_path)
-    assert again.returncode == 0, again.stderr[-3000:]
+    code, _, err = example_main("train_uvit_plain.py", args, tmp_path, monkeypatch, capsys)  # in this process
+    assert code == 0, err[-3000:]
     assert records(resumed) == records(run)
     final = "checkpoints/step-000004/model.safetensors"
     assert (resumed / final).read_bytes() == (run / final).read_bytes()
 
     # Without --resume, a folder that holds checkpoints is refused rather than mixed into (before
     # anything is built: the script's main() in this process).
-    code, err = example_main("train_uvit_plain.py", args[:-1], tmp_path, monkeypatch, capsys)
+    code, _, err = example_main("train_uvit_plain.py", args[:-1], tmp_path, monkeypatch, capsys)
     assert code == 2 and "pass --resume" in err
 
 
@@ -187,7 +190,7 @@ def test_the_plain_uvit_example_trains_saves_samples_and_resumes_exactly(tmp_pat
     ],
 )
 def test_a_bad_argument_is_one_line_and_exit_2(tmp_path, monkeypatch, capsys, script, args, says):
-    code, err = example_main(script, ["--output-dir", "run", *args], tmp_path, monkeypatch, capsys)
+    code, _, err = example_main(script, ["--output-dir", "run", *args], tmp_path, monkeypatch, capsys)
     assert code == 2
     lines = err.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("error: ") and says in lines[0], err

@@ -1,11 +1,14 @@
 """Checkpoints and resume: atomic full-state checkpoints, exact resume after SIGKILL, fallback
 from a damaged checkpoint, config mismatch, Ctrl-C / SIGTERM.
 
-Runs go through subprocesses with one thread each, so the straight run and the resumed run
-compute in the same environment and their weights can be compared bit for bit.
+The runs that are killed go through subprocesses; the straight run and every resume train in
+this process (``cli``). All of them compute on one thread, so the weights of a resumed run and
+of the straight run compare bit for bit.
 """
 
+import contextlib
 import hashlib
+import io
 import json
 import math
 import os
@@ -57,14 +60,13 @@ ENV = dict(os.environ, OMP_NUM_THREADS="1", MKL_NUM_THREADS="1")
 
 
 def cli(*args: str, cwd: Path) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, "-m", "scalelong.cli", "train", "config.yaml", "--no-progress", *args],
-        cwd=cwd,
-        env=ENV,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+    """``scalelong train config.yaml --no-progress ARGS`` in ``cwd``, in this process (a training
+    process's start-up is seconds, the runs here a fraction of one): its code and output."""
+    argv = ["train", "config.yaml", "--no-progress", *args]
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.chdir(cwd), contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        code = main(argv)
+    return subprocess.CompletedProcess(argv, code, out.getvalue(), err.getvalue())
 
 
 def start_hanging(name: str, cwd: Path) -> subprocess.Popen:
@@ -219,22 +221,6 @@ def test_different_config_in_existing_run_dir_is_an_error(workdir, monkeypatch, 
     assert "complete at step 12" in capsys.readouterr().out
 
 
-@pytest.mark.slow
-def test_sigterm_exits_2_and_leaves_the_last_complete_checkpoint(workdir):
-    proc = start_hanging("terminated", workdir)
-    run = workdir / "runs" / "terminated"
-    wait_for(run / "checkpoints" / "step-000006", proc)
-    proc.send_signal(signal.SIGTERM)
-    _, err = proc.communicate(timeout=60)
-    assert proc.returncode == 2
-    assert err.strip().count("\n") == 0 and "interrupted at step 6" in err
-    assert [p.name for p in (run / "checkpoints").iterdir()] == ["step-000006"]
-    assert checkpoint_problem(run / "checkpoints" / "step-000006") is None
-    summary = json.loads((run / "summary.json").read_text())
-    assert summary["status"] == "interrupted" and summary["steps"] == 6 and "interrupted" in summary["error"]
-    assert not (run / ".lock").exists()
-
-
 def test_keep_last_k_and_refuse_nonfinite(tmp_path):
     w = {"w": torch.ones(3)}
     for step in (1, 2, 3, 4):
@@ -341,9 +327,13 @@ def test_torn_metrics_line_empty_config_and_half_removed_checkpoint_resume(workd
 
 
 @pytest.mark.slow
-def test_two_trainers_on_one_run_one_clear_refusal_and_an_intact_run(workdir, monkeypatch, capsys):
+def test_two_trainers_on_one_run_one_clear_refusal_then_sigterm_leaves_the_last_checkpoint(
+    workdir, monkeypatch, capsys
+):
     """Both start at once; the one that gets the lock waits after its step-6 checkpoint, so the
-    other always finds it busy. The refused one changes nothing, --overwrite included."""
+    other always finds it busy. The refused one changes nothing, --overwrite included. SIGTERM
+    then ends the holder with exit code 2 and one line, its step-6 checkpoint complete, its
+    summary saying so and its lock released; the same command resumes it."""
     procs = [start_hanging("twice", workdir) for _ in range(2)]
     run = workdir / "runs" / "twice"
     end = time.monotonic() + 240
@@ -366,8 +356,13 @@ def test_two_trainers_on_one_run_one_clear_refusal_and_an_intact_run(workdir, mo
         assert err.count("\n") == 1 and "Traceback" not in err
         assert tree(run) == before
     holder.send_signal(signal.SIGTERM)
-    holder.communicate(timeout=60)
+    _, err = holder.communicate(timeout=60)
     assert holder.returncode == 2 and not (run / ".lock").exists()
+    assert err.strip().count("\n") == 0 and "interrupted at step 6" in err
+    assert [p.name for p in (run / "checkpoints").iterdir()] == ["step-000006"]
+    assert checkpoint_problem(run / "checkpoints" / "step-000006") is None
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["status"] == "interrupted" and summary["steps"] == 6 and "interrupted" in summary["error"]
     out = cli("name=twice", cwd=workdir)
     assert out.returncode == 0, out.stderr
     steps = [r["step"] for r in map(json.loads, (run / "metrics.jsonl").read_text().splitlines())]
