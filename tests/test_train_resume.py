@@ -265,16 +265,8 @@ def test_garbage_trainer_pt_with_matching_checksums_falls_back(workdir):
     assert_bitwise_equal(final_state(workdir / "runs" / "straight"), final_state(run))
 
 
-def in_process(capsys, *args: str) -> tuple[int, str, str]:
-    """``scalelong train config.yaml --no-progress ARGS`` in this process (for runs that do not train)."""
-    code = main(["train", "config.yaml", "--no-progress", *args])
-    out, err = capsys.readouterr()
-    return code, out, err
-
-
 @pytest.mark.slow
-def test_every_checkpoint_damaged_stops_in_one_line_and_deletes_nothing(workdir, monkeypatch, capsys):
-    monkeypatch.chdir(workdir)
+def test_every_checkpoint_damaged_stops_in_one_line_and_deletes_nothing(workdir):
     run = copy_run(workdir, "ruined")
     (run / "notes.txt").write_text("the user's own file")
     garbage_with_matching_checksums(run / "checkpoints" / "step-000006", "trainer.pt")
@@ -282,7 +274,8 @@ def test_every_checkpoint_damaged_stops_in_one_line_and_deletes_nothing(workdir,
     weights.write_bytes(weights.read_bytes()[:1000])
     before = tree(run)
     for args in ((), ("--resume",)):
-        code, out, err = in_process(capsys, "name=ruined", *args)
+        done = cli("name=ruined", *args, cwd=workdir)
+        code, out, err = done.returncode, done.stdout, done.stderr
         assert code == 2 and "Traceback" not in err
         lines = err.strip().splitlines()
         assert len(lines) == 1 and lines[0].startswith("error: every checkpoint in"), err
@@ -327,9 +320,7 @@ def test_torn_metrics_line_empty_config_and_half_removed_checkpoint_resume(workd
 
 
 @pytest.mark.slow
-def test_two_trainers_on_one_run_one_clear_refusal_then_sigterm_leaves_the_last_checkpoint(
-    workdir, monkeypatch, capsys
-):
+def test_two_trainers_on_one_run_one_clear_refusal_then_sigterm_leaves_the_last_checkpoint(workdir):
     """Both start at once; the one that gets the lock waits after its step-6 checkpoint, so the
     other always finds it busy. The refused one changes nothing, --overwrite included. SIGTERM
     then ends the holder with exit code 2 and one line, its step-6 checkpoint complete, its
@@ -349,9 +340,9 @@ def test_two_trainers_on_one_run_one_clear_refusal_then_sigterm_leaves_the_last_
     assert f"is being trained by pid {holder.pid} on host {socket.gethostname()}" in lines[0]
     wait_for(run / "checkpoints" / "step-000006", holder)
     before = tree(run)
-    monkeypatch.chdir(workdir)
     for args in ((), ("--overwrite",)):  # a third trainer, in this process
-        code, _, err = in_process(capsys, "name=twice", *args)
+        done = cli("name=twice", *args, cwd=workdir)
+        code, err = done.returncode, done.stderr
         assert code == 2 and f"pid {holder.pid}" in err
         assert err.count("\n") == 1 and "Traceback" not in err
         assert tree(run) == before
