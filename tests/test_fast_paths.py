@@ -153,10 +153,12 @@ def test_bf16_on_a_cpu_without_bf16_trains_in_fp32_with_one_line(monkeypatch, ca
     assert captured["mixed_precision"] == "bf16"
 
 
-def test_bf16_sampling_scores_close_to_fp32():
+def test_bf16_sampling_scores_close_to_fp32(monkeypatch):
+    from scalelong import launch
     from scalelong.build import build_model
     from scalelong.evaluation import sample_features
 
+    monkeypatch.setattr(launch, "cpu_has_bf16", lambda: True)  # the bf16 numerics, on any CPU
     cfg = load_config("configs/demo.yaml", tiny_uvit_overrides("s", "/nonexistent", 1))
     torch.manual_seed(0)
     model = build_model(cfg.model).eval()
@@ -184,3 +186,28 @@ def test_fast_path_keys_are_validated_at_the_edge():
     ):
         load_config("configs/demo.yaml", ["eval.mixed_precision=fp16"])
     assert load_config("configs/demo.yaml", ["eval.mixed_precision=no"]).eval.mixed_precision == "no"
+
+
+def test_bf16_sampling_on_a_cpu_without_bf16_runs_in_fp32_and_says_so_once(tmp_path, monkeypatch, capsys):
+    # emulated bf16 ran the demo's evaluations ~10x slower than fp32 on an AVX2-only CPU
+    from scalelong import launch
+    from scalelong.build import build_model
+    from scalelong.evaluation import TrainingEvaluator, sample_features
+
+    monkeypatch.setattr(launch, "cpu_has_bf16", lambda: False)
+    overrides = tiny_uvit_overrides("s", tmp_path, 1) + ["eval.every=1", "eval.num_samples=4", "eval.steps=2"]
+    cfg = load_config("configs/demo.yaml", [*overrides, "eval.mixed_precision=bf16"])
+    torch.manual_seed(0)
+    model = build_model(cfg.model).eval()
+    flat = lambda images: images.flatten(1)  # noqa: E731  the pixels as features
+    low = sample_features(model, cfg, flat, range(2), "dpm_solver", 2, 2, "cpu")
+    cfg.eval.mixed_precision = "no"
+    assert torch.equal(low, sample_features(model, cfg, flat, range(2), "dpm_solver", 2, 2, "cpu"))
+    cfg.eval.mixed_precision = "bf16"
+    evaluator = TrainingEvaluator(cfg, tmp_path / "run", "cpu")
+    assert evaluator(1, model)["fd_precision"] == "fp32" and evaluator(1, model)["fd_precision"] == "fp32"
+    lines = capsys.readouterr().out.splitlines()
+    assert lines == ["warning: eval.mixed_precision=bf16: this CPU has no bf16 instructions, where bf16 "
+                     "runs several times slower than fp32; using fp32"]  # fmt: skip
+    monkeypatch.setattr(launch, "cpu_has_bf16", lambda: True)
+    assert evaluator(1, model)["fd_precision"] == "bf16" and not capsys.readouterr().out

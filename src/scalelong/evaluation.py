@@ -45,6 +45,7 @@ from scalelong.frechet import (
     save_stats,
     stored_metric,
 )
+from scalelong.launch import bf16_runs_natively, bf16_where_it_pays
 from scalelong.models import conditioning
 from scalelong.runs import RunDir, load_model, writer_of
 from scalelong.sampling import generate
@@ -71,6 +72,12 @@ def reference_for(e: EvalConfig) -> tuple[np.ndarray, np.ndarray]:
     )
 
 
+def forward_precision(cfg: Config, device: torch.device | str) -> str:
+    """What the sampler's network forward runs in, ``bf16`` or ``fp32``: ``eval.mixed_precision``,
+    except bf16 on a CPU that only emulates it (:func:`scalelong.launch.bf16_runs_natively`)."""
+    return "bf16" if cfg.eval.mixed_precision == "bf16" and bf16_runs_natively(device) else "fp32"
+
+
 @torch.no_grad()
 def sample_features(
     model: nn.Module,
@@ -90,7 +97,7 @@ def sample_features(
     num_classes = max(getattr(model, "num_classes", 0), 1)
     # eval.mixed_precision=bf16: the network's forward only; the sampler's arithmetic stays in fp32
     # (model_eps_fn casts the output), and so do the features.
-    low = cfg.eval.mixed_precision == "bf16"
+    low = forward_precision(cfg, device) == "bf16"
     out = []
     for start in tqdm(range(0, len(seeds), batch_size), disable=not progress, unit="batch"):
         chunk = list(seeds[start : start + batch_size])
@@ -231,6 +238,8 @@ class TrainingEvaluator:
         self.e = cfg.eval
         self._features: FeatureFn | None = None
         self.ref = reference_for(self.e) if self.e.every > 0 else None
+        if self.e.every > 0 or self.e.final_num_samples > 0:  # one line now, not one per evaluation
+            bf16_where_it_pays(str(self.e.mixed_precision), self.device, "eval.mixed_precision")
         if self.e.every > 0 and self.e.metric == "fd-mnist":
             if model_input_shape(cfg.model) != (1, 32, 32):
                 raise ScaleLongError(
@@ -278,7 +287,7 @@ class TrainingEvaluator:
             "fd_samples": n,
             "fd_sampler": self.e.sampler,
             "fd_steps": self.e.steps,
-            "fd_precision": "bf16" if self.e.mixed_precision == "bf16" else "fp32",
+            "fd_precision": forward_precision(self.cfg, self.device),
             "fd_seconds": time.perf_counter() - t0,
             **digit_record(score.digits),
         }
@@ -461,6 +470,7 @@ def evaluate_run(
         cfg.eval.batch_size = batch_size
     if mixed_precision is not None:
         cfg.eval.mixed_precision = mixed_precision
+    bf16_where_it_pays(str(cfg.eval.mixed_precision), device, "eval.mixed_precision")
     sampler, steps = sampler or cfg.eval.sampler, steps or cfg.eval.steps
     t0 = time.perf_counter()
     score = score_model(
@@ -480,7 +490,7 @@ def evaluate_run(
         "fd_samples": n,
         "fd_sampler": sampler,
         "fd_steps": steps,
-        "fd_precision": "bf16" if cfg.eval.mixed_precision == "bf16" else "fp32",
+        "fd_precision": forward_precision(cfg, device),
         "fd_seconds": time.perf_counter() - t0,
         "reference": str(fid_stats) if fid_stats else "embedded MNIST train",
     }
@@ -490,7 +500,7 @@ def evaluate_run(
     if writer is None and writer_of(run.eval_dir) is None:
         run.eval_dir.mkdir(exist_ok=True)
         tag = "" if weights == "ema" else f"-{weights}"  # the raw weights' score never replaces the EMA's
-        tag += "-bf16" if cfg.eval.mixed_precision == "bf16" else ""  # nor a bf16 one the fp32 one
+        tag += "-bf16" if result["fd_precision"] == "bf16" else ""  # nor a bf16 one the fp32 one
         name = f"{metric}-{ckpt.name}{tag}-n{n}-{sampler}{steps}.json"
         write_text_atomic(run.eval_dir / name, json.dumps(result, indent=1))
     return result

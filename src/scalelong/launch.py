@@ -15,6 +15,7 @@ spawned worker before anything in it touches CUDA.
 
 from __future__ import annotations
 
+import functools
 import os
 import signal
 import socket
@@ -49,23 +50,37 @@ def make_accelerator(cfg: Config):
     from accelerate import Accelerator  # imported when a run starts: it takes seconds
 
     t = cfg.train
-    cpu = resolve_device(t.device, "train.device=").type == "cpu"
+    device = resolve_device(t.device, "train.device=")
+    cpu = device.type == "cpu"
     if cpu and t.mixed_precision == "fp16":
         raise ScaleLongError("train.mixed_precision=fp16 needs a GPU; on the CPU use bf16 or no")
-    precision = t.mixed_precision
-    if cpu and precision == "bf16" and not cpu_has_bf16():
-        print("warning: train.mixed_precision=bf16: this CPU has no bf16 instructions, where bf16 runs "
-              "several times slower than fp32; training in fp32")  # fmt: skip
-        precision = "no"
+    precision = bf16_where_it_pays(str(t.mixed_precision), device, "train.mixed_precision")
     return Accelerator(cpu=cpu, mixed_precision=precision)
 
 
+@functools.cache
 def cpu_has_bf16() -> bool:
     """Whether this CPU computes bf16 natively (AVX512-BF16 or AMX), as oneDNN reports it."""
     try:
         return bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
     except (AttributeError, RuntimeError):  # a torch built without oneDNN
         return False
+
+
+def bf16_runs_natively(device: torch.device | str) -> bool:
+    """Whether bf16 pays on ``device``: a GPU, or a CPU with bf16 instructions. Elsewhere torch
+    emulates it, several times slower than fp32 (the demo's training step 11x on an AVX2-only CPU)."""
+    return torch.device(device).type != "cpu" or cpu_has_bf16()
+
+
+def bf16_where_it_pays(precision: str, device: torch.device | str, option: str) -> str:
+    """``precision`` (``no`` | ``bf16`` | ``fp16``) as it will run on ``device``: ``bf16`` where it is
+    only emulated (:func:`bf16_runs_natively`) becomes ``no`` (fp32), with one warning line."""
+    if precision == "bf16" and not bf16_runs_natively(device):
+        print(f"warning: {option}=bf16: this CPU has no bf16 instructions, where bf16 runs several times "
+              "slower than fp32; using fp32", flush=True)  # fmt: skip
+        return "no"
+    return precision
 
 
 def on_main_process(accelerator, fn: Callable[[], object]) -> object:
