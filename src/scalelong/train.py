@@ -707,8 +707,10 @@ def train(
     files scalelong wrote). The hooks (see :data:`MetricHook`) add metrics to the log, change a
     step's loss, or run after each step.
 
-    Everything is checked before the run directory is touched; the main process then holds the
-    run's lock (:meth:`RunDir.writing`) until the end, on every way out. Resuming loads the newest
+    The main process first takes the run's lock (:meth:`RunDir.writing`: a run another process
+    writes is refused at once) and holds it until the end, on every way out; everything else is
+    checked before anything is written into the run directory (a folder the lock had to create is
+    removed again when the run fails before writing). Resuming loads the newest
     checkpoint that verifies and loads, falling back with a warning. summary.json is written on
     every way the run ends after that: complete (also when a complete run is run again),
     stopped, interrupted or failed. A run the non-finite policy stops raises
@@ -724,16 +726,17 @@ def train(
     try:
         with sigterm_as_interrupt(), contextlib.ExitStack() as held:
             run = RunDir(cfg.run_dir)
+            # The lock first (released when this block ends, however it ends): a run that another
+            # process writes is refused before the seconds of building the model, data and optimizer.
+            def lock_run() -> None:
+                held.enter_context(run.writing())
+
+            on_main_process(accelerator, lock_run)
             trainer = Trainer(cfg, accelerator, run)
             trainer.metric_hooks += metric_hooks or []
             trainer.loss_hooks += loss_hooks or []
             trainer.step_hooks += step_hooks or []
-
-            def open_run() -> list[Path]:
-                held.enter_context(run.writing())  # released when this block ends, however it ends
-                return run.prepare(cfg, overwrite, resume)
-
-            checkpoints = on_main_process(accelerator, open_run)
+            checkpoints = on_main_process(accelerator, lambda: run.prepare(cfg, overwrite, resume))
             checkpoint, start_state = run.checkpoint(0), None
             if checkpoints:
                 advice = (
