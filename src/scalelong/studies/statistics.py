@@ -15,9 +15,15 @@ import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-import scipy.stats
-
 CONFIDENCE = 0.95  # every interval of a study
+
+
+def _stats():
+    """scipy.stats, imported on first use: a process of a study that reports nothing (a pool
+    worker, a scheduler job, a dry run) does not pay its second of import."""
+    import scipy.stats
+
+    return scipy.stats
 
 
 def mean_ci(values: Sequence[float]) -> tuple[float, float]:
@@ -28,7 +34,7 @@ def mean_ci(values: Sequence[float]) -> tuple[float, float]:
         return math.nan, math.nan
     if len(xs) == 1:
         return xs[0], math.nan
-    t = scipy.stats.t.ppf(0.5 + CONFIDENCE / 2, df=len(xs) - 1)  # two-sided
+    t = _stats().t.ppf(0.5 + CONFIDENCE / 2, df=len(xs) - 1)  # two-sided
     return statistics.fmean(xs), float(t) * statistics.stdev(xs) / math.sqrt(len(xs))
 
 
@@ -102,7 +108,7 @@ def contrast(
         return None
     with warnings.catch_warnings():  # sides without spread: scipy warns, the interval is the point
         warnings.simplefilter("ignore", RuntimeWarning)
-        ci = scipy.stats.ttest_ind(xs, ys, equal_var=False).confidence_interval(CONFIDENCE)
+        ci = _stats().ttest_ind(xs, ys, equal_var=False).confidence_interval(CONFIDENCE)
     mean, n = statistics.fmean(xs) - statistics.fmean(ys), min(len(xs), len(ys))
     return Contrast(back(mean), back(float(ci.low)), back(float(ci.high)), False, ratio, n)
 
@@ -133,10 +139,10 @@ def fmt_contrast(c: Contrast | None, as_percent: bool = False, unit: str = "") -
 def rate_interval(k: int, n: int) -> tuple[float, float]:
     """Exact (Clopper-Pearson) 95% interval of a rate from ``k`` of ``n`` runs: with 5 seeds,
     0/5 still allows a rate up to 52%."""
-    ci = scipy.stats.binomtest(k, n).proportion_ci(CONFIDENCE, method="exact")
+    ci = _stats().binomtest(k, n).proportion_ci(CONFIDENCE, method="exact")
     return ci.low, ci.high
 
 
 def fisher_p(k_a: int, n_a: int, k_b: int, n_b: int) -> float:
     """Two-sided Fisher exact p of ``k_a`` of ``n_a`` runs diverged against ``k_b`` of ``n_b``."""
-    return float(scipy.stats.fisher_exact([[k_a, n_a - k_a], [k_b, n_b - k_b]]).pvalue)
+    return float(_stats().fisher_exact([[k_a, n_a - k_a], [k_b, n_b - k_b]]).pvalue)
