@@ -9,10 +9,8 @@ import os
 import sys
 import time
 
-import scalelong.compare
-import scalelong.sweep
-import scalelong.train
-from scalelong.cli import main
+# Nothing of scalelong at the top: the hooks pickle by reference to this file, so every pool worker
+# and scheduler job imports it, and the CLI's modules would cost each of them seconds.
 
 
 def wait_after(at_step: int, step: int, trainer) -> None:
@@ -45,6 +43,11 @@ def waiting_run_all(run_all, at_step: int, until: str | os.PathLike | None = Non
 
 
 if __name__ == "__main__":
+    import scalelong.compare
+    import scalelong.sweep
+    import scalelong.train
+    from scalelong.cli import main
+
     at_step, argv = int(sys.argv[1]), sys.argv[2:]
     hook = functools.partial(wait_after, at_step)
     scalelong.train.train = functools.partial(scalelong.train.train, step_hooks=[hook])  # `scalelong train`
