@@ -726,6 +726,7 @@ def train(
     try:
         with sigterm_as_interrupt(), contextlib.ExitStack() as held:
             run = RunDir(cfg.run_dir)
+
             # The lock first (released when this block ends, however it ends): a run that another
             # process writes is refused before the seconds of building the model, data and optimizer.
             def lock_run() -> None:
