@@ -1,12 +1,12 @@
 """The scripts of examples/ train, log, save and sample end to end at toy size, and resume.
 
-Each runs as a user runs it, a subprocess in a fresh working folder, for a few steps: its
+Each trains in a fresh working folder for a few steps, as the script's main() in this process: its
 metrics.jsonl must hold the diagnostics (finite hidden-feature norms, per-block and per-skip
 keys) so that ``scalelong analyze`` draws them, its sample grid must exist, and its saved weights
-must load back into a model with the same skip scaling. The resumed run (one subprocess per
-script is enough to show the script runs as a user runs it) and the argument checks, which end
-before anything is imported or built, run as the script's main() in this process; a bad argument
-is one line and exit 2.
+must load back into a model with the same skip scaling; then it resumes. A bad argument is one
+line and exit 2, before anything is built. That each script runs as a user runs it, ``python
+examples/SCRIPT ...`` in a process of its own, is shown on a bad argument: a process that trains
+spends seconds importing torch, diffusers and Accelerate first, so one short one per script.
 """
 
 from __future__ import annotations
@@ -92,12 +92,11 @@ def test_the_diffusers_example_trains_logs_saves_samples_and_resumes(tmp_path, m
 
     from scalelong import is_applied, load_scalelong
 
-    done = run_example(
-        "train_diffusers_unet.py", ["--output-dir", "run", "--skip-method", "ls", *DIFFUSERS_TOY], tmp_path
-    )
-    assert done.returncode == 0, done.stderr[-3000:]
+    args = ["--output-dir", "run", "--skip-method", "ls", *DIFFUSERS_TOY]
+    code, out, err = example_main("train_diffusers_unet.py", args, tmp_path, monkeypatch, capsys)
+    assert code == 0, err[-3000:]
     run = tmp_path / "run"
-    assert "ScaleLong ls: 4 long skips, learned" in done.stdout
+    assert "ScaleLong ls: 4 long skips, learned" in out
     assert_diagnostics_logged(run, num_skips=4)
     assert {"lr", "ema_decay"} <= set(records(run)[-1])
     assert list((run / "logs" / "train_diffusers_unet").glob("events.out.tfevents.*"))  # TensorBoard
@@ -122,15 +121,13 @@ def test_the_diffusers_example_trains_logs_saves_samples_and_resumes(tmp_path, m
         "--resume-from-checkpoint",
         "latest",
     ]
-    # (here, in this process: the first run above is the user's subprocess)
     code, out, err = example_main("train_diffusers_unet.py", args, tmp_path, monkeypatch, capsys)
     assert code == 0, err[-3000:]
     assert "resumed from" in out and "checkpoint-2 at step 2" in out
     assert [r["step"] for r in records(resumed) if "loss" in r] == [1, 2, 3, 4]
     assert records(resumed)[:2] == records(run)[:2]
 
-    # A checkpoint of another skip method is refused in one line, before anything is built (the
-    # script's main() in this process).
+    # A checkpoint of another skip method is refused in one line, before anything is built.
     other = [a if a != "ls" else "cs" for a in args]
     code, _, err = example_main("train_diffusers_unet.py", other, tmp_path, monkeypatch, capsys)
     assert code == 2
@@ -143,10 +140,9 @@ def test_the_plain_uvit_example_trains_saves_samples_and_resumes_exactly(tmp_pat
 
     from scalelong import UViT
 
-    done = run_example(
-        "train_uvit_plain.py", ["--output-dir", "run", "--skip-method", "ls", *UVIT_TOY], tmp_path
-    )
-    assert done.returncode == 0, done.stderr[-3000:]
+    args = ["--output-dir", "run", "--skip-method", "ls", *UVIT_TOY]
+    code, _, err = example_main("train_uvit_plain.py", args, tmp_path, monkeypatch, capsys)
+    assert code == 0, err[-3000:]
     run = tmp_path / "run"
     assert_diagnostics_logged(run, num_skips=2)
     digits = [r for r in records(run) if "digits/confident" in r]
@@ -167,14 +163,14 @@ def test_the_plain_uvit_example_trains_saves_samples_and_resumes_exactly(tmp_pat
     resumed = tmp_path / "resumed"
     shutil.copytree(run, resumed, ignore=shutil.ignore_patterns("step-000004", "report"))
     args = ["--output-dir", "resumed", "--skip-method", "ls", *UVIT_TOY, "--resume"]
-    code, _, err = example_main("train_uvit_plain.py", args, tmp_path, monkeypatch, capsys)  # in this process
+    code, _, err = example_main("train_uvit_plain.py", args, tmp_path, monkeypatch, capsys)
     assert code == 0, err[-3000:]
     assert records(resumed) == records(run)
     final = "checkpoints/step-000004/model.safetensors"
     assert (resumed / final).read_bytes() == (run / final).read_bytes()
 
     # Without --resume, a folder that holds checkpoints is refused rather than mixed into (before
-    # anything is built: the script's main() in this process).
+    # anything is built).
     code, _, err = example_main("train_uvit_plain.py", args[:-1], tmp_path, monkeypatch, capsys)
     assert code == 2 and "pass --resume" in err
 
@@ -194,4 +190,21 @@ def test_a_bad_argument_is_one_line_and_exit_2(tmp_path, monkeypatch, capsys, sc
     assert code == 2
     lines = err.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("error: ") and says in lines[0], err
+    assert not (tmp_path / "run").exists()  # nothing written
+
+
+@pytest.mark.parametrize(
+    "script, args, says",
+    [
+        ("train_diffusers_unet.py", ["--resolution", "30"], "must be divisible by 8"),
+        ("train_uvit_plain.py", ["--img-size", "30"], "divisible by --patch-size 4"),
+    ],
+)
+def test_a_script_runs_as_a_user_runs_it(tmp_path, script, args, says):
+    """``python examples/SCRIPT ARGS`` in a process of its own: the script's entry point reads the
+    command line, and a bad argument ends it with one line and exit code 2."""
+    done = run_example(script, ["--output-dir", "run", *args], tmp_path)
+    assert done.returncode == 2
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: ") and says in lines[0], done.stderr
     assert not (tmp_path / "run").exists()  # nothing written

@@ -10,7 +10,10 @@ from pathlib import Path
 
 import pytest
 
-SCRIPT = Path(__file__).parents[1] / "benchmarks" / "gpu_study.sh"
+from scalelong.cli import main
+
+REPO = Path(__file__).parents[1]
+SCRIPT = REPO / "benchmarks" / "gpu_study.sh"
 
 
 # the script's settings: only those a test passes may reach it
@@ -28,15 +31,38 @@ def study(*args: str, **env: str) -> subprocess.CompletedProcess:
     )
 
 
+def dry_run(
+    folder: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], *args: str, **env: str
+) -> subprocess.CompletedProcess:
+    """``gpu_study.sh --dry-run ARGS`` with these settings: the script builds its command line and
+    hands it to a stand-in for Python (PY) that records it; that command, ``python -m scalelong.cli
+    ...``, then runs as scalelong's main() in this process, in the folder the script runs it in.
+    A dry run trains nothing: a Python process of its own would spend seconds starting up on a
+    command that then takes a fraction of one. Its exit code and output."""
+    recorder, argv_file = folder / "python", folder / "argv"
+    recorder.write_text(f"#!/usr/bin/env bash\nprintf '%s\\0' \"$@\" > '{argv_file}'\n")
+    recorder.chmod(0o755)
+    script = study("--dry-run", *args, PY=str(recorder), **env)
+    assert script.returncode == 0, script.stderr
+    argv = argv_file.read_text().split("\0")[:-1]
+    assert argv[:2] == ["-m", "scalelong.cli"] and argv[-1] == "--dry-run", argv
+    capsys.readouterr()
+    with monkeypatch.context() as m:
+        m.chdir(REPO)  # where the script runs its commands
+        code = main(argv[2:])
+    out, err = capsys.readouterr()
+    return subprocess.CompletedProcess(argv, code, out, err)
+
+
 def has(out: str, *lines: str) -> None:
     for line in lines:
         assert f"    {line}\n" in out or f"  {line}\n" in out, line
 
 
-def test_the_basins_command_line_validates_without_a_gpu(tmp_path):
+def test_the_basins_command_line_validates_without_a_gpu(tmp_path, monkeypatch, capsys):
     """--dry-run: every run of the real basin (width 512, patch 2, bf16 on cuda, the stability
     preset) checked, none trained."""
-    done = study("--dry-run", "--out", str(tmp_path / "out"))
+    done = dry_run(tmp_path, monkeypatch, capsys, "--out", str(tmp_path / "out"))
     assert done.returncode == 0, done.stderr
     out = done.stdout
     lrs = ("0.001", "0.002", "0.004")
@@ -52,22 +78,23 @@ def test_the_basins_command_line_validates_without_a_gpu(tmp_path):
 
 
 @pytest.mark.slow
-def test_the_settings_reach_the_studys_plan(tmp_path):
+def test_the_settings_reach_the_studys_plan(tmp_path, monkeypatch, capsys):
     # a narrow model through EXTRA (the last overrides): what is checked here is the plan; at the
     # release's width the model checks go to the meta device, seconds per command (checked above)
     small = "model.uvit.embed_dim=32 model.uvit.patch_size=8"
-    done = study("--dry-run", "--out", str(tmp_path), NORM_ARM="merge-norm", LRS="1.5e-3,3e-3", EXTRA=small)
+    out = ("--out", str(tmp_path))
+    done = dry_run(tmp_path, monkeypatch, capsys, *out, NORM_ARM="merge-norm", LRS="1.5e-3,3e-3", EXTRA=small)
     assert done.returncode == 0, done.stderr
     assert "6 runs in" in done.stdout and "d12-lr0.003-merge-norm-seed0" in done.stdout
     # the depth study: the demo recipe
-    done = study("--dry-run", "--out", str(tmp_path), STUDY="depth", EXTRA=small)
+    done = dry_run(tmp_path, monkeypatch, capsys, *out, STUDY="depth", EXTRA=small)
     assert done.returncode == 0, done.stderr
     names = [f"d{d}-lr0.0005-{m}-seed0" for d in (12, 24) for m in ("none", "sqrt2", "cs", "ls")]
     assert f"8 runs in {tmp_path / 'gpu-study-sweep' / 'runs'}" in done.stdout
     assert all(f"{n}  " in done.stdout for n in names)
     assert "  steps: 1500\n" in done.stdout and "  lr_schedule: cosine\n" in done.stdout
     settings = dict(STUDY="depth", DEPTHS="12,24,36", STEPS="600", LRS="2e-4,5e-4", EXTRA=small)
-    done = study("--dry-run", "--out", str(tmp_path), **settings)
+    done = dry_run(tmp_path, monkeypatch, capsys, *out, **settings)
     assert done.returncode == 0, done.stderr
     assert "24 runs in" in done.stdout and "d36-lr0.0002-ls-seed0" in done.stdout
     assert "  steps: 600\n" in done.stdout

@@ -1,7 +1,8 @@
 """Packaging: the metadata files, one version, and a wheel that works outside the clone.
 
-The slow tests build the wheel offline (no build isolation), install it into a fresh virtual
-environment outside the repository and use it from a folder that holds nothing of the clone.
+The slow tests build the wheel offline (setuptools' backend, as pip calls it without build
+isolation), install it with pip into a fresh virtual environment outside the repository and use its
+console script from a folder that holds nothing of the clone.
 """
 
 import importlib.metadata
@@ -24,6 +25,9 @@ from conftest import tiny_uvit_overrides
 from scalelong.config import config_to_dict, load_config
 from scalelong.fd_mnist import ASSET
 from scalelong.presets import PRESET_DIR, preset_names
+
+# One worker runs this module (`--dist loadgroup`): the wheel is built once, not once per worker.
+pytestmark = pytest.mark.xdist_group("test_install")
 
 REPO = Path(__file__).resolve().parents[1]
 # The keys of CFF 1.2.0 at the top level; anything else is a typo that validators reject.
@@ -126,10 +130,13 @@ def wheel(tmp_path_factory) -> Path:
     poison.mkdir(parents=True)
     (poison / "__init__.py").write_text("raise ImportError('building scalelong imported torch')\n")
     env = {**os.environ, "PYTHONPATH": str(poison.parent)}
-    cmd = [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "--no-index"]
+    # setuptools' PEP 517 backend, called as `pip wheel --no-build-isolation` calls it (in the source
+    # folder, with this environment's setuptools) but without pip's start-up: a second or two less
+    build = "import sys; from setuptools import build_meta; build_meta.build_wheel(sys.argv[1])"
     proc = subprocess.run(
-        [*cmd, "-w", str(root / "dist"), str(source)], capture_output=True, text=True, env=env, timeout=600
-    )
+        [sys.executable, "-c", build, str(root / "dist")],
+        cwd=source, env=env, capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
     assert proc.returncode == 0, proc.stdout + proc.stderr
     (path,) = (root / "dist").glob("scalelong-*.whl")
     return path
@@ -172,6 +179,28 @@ def _fresh_venv(path: Path) -> Path:
     return python
 
 
+# `python -c` this, SCRIPT and a JSON list of argument lists: SCRIPT (the installed console script)
+# run once for each, all in this one Python process (each run would import torch on its own:
+# seconds apiece); the last line printed: a JSON list of [exit code, stdout, stderr] per run.
+RUN_CONSOLE_SCRIPT = """
+import contextlib, io, json, runpy, sys
+
+script, commands = sys.argv[1], json.loads(sys.argv[2])
+results = []
+for argv in commands:
+    sys.argv = [script, *argv]
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        try:
+            runpy.run_path(script, run_name="__main__")
+            code = 0
+        except SystemExit as e:
+            code = 0 if e.code is None else e.code
+    results.append([code, out.getvalue(), err.getvalue()])
+print(json.dumps(results))
+"""
+
+
 @pytest.mark.slow
 def test_installed_wheel_trains_and_samples_outside_the_clone(wheel, tmp_path):
     venv = tmp_path / "venv"
@@ -188,6 +217,16 @@ def test_installed_wheel_trains_and_samples_outside_the_clone(wheel, tmp_path):
         assert proc.returncode == 0, proc.stdout + proc.stderr
         return proc.stdout
 
+    def scalelong_cli(*commands: list) -> list[str]:
+        """The installed console script run with each argument list, in one Python process: the
+        output of each (each must exit 0)."""
+        argvs = [[str(a) for a in command] for command in commands]
+        printed = run(python, "-c", RUN_CONSOLE_SCRIPT, venv / "bin" / "scalelong", json.dumps(argvs))
+        results = json.loads(printed.splitlines()[-1])
+        for argv, (code, out, err) in zip(argvs, results, strict=True):
+            assert code == 0, f"scalelong {' '.join(argv)}: {out}{err}"
+        return [out for _, out, _ in results]
+
     probe = "import scalelong, importlib.metadata as m; print(scalelong.__file__, m.version('scalelong'))"
     before = subprocess.run([python, "-c", probe], cwd=work, env=env, capture_output=True, text=True)
     assert "No module named 'scalelong'" in before.stderr  # the editable clone is out of reach
@@ -195,35 +234,26 @@ def test_installed_wheel_trains_and_samples_outside_the_clone(wheel, tmp_path):
 
     where, version = run(python, "-c", probe).split()
     assert Path(where).is_relative_to(venv) and version == scalelong.__version__
-    scalelong_cli = venv / "bin" / "scalelong"
-    listing = run(scalelong_cli, "configs")
+    # the console script pip wrote runs with the new environment's Python
+    assert (venv / "bin" / "scalelong").read_text().startswith(f"#!{python}\n")
+    run_dir = work / "runs" / "tiny"
+    overrides = [*tiny_uvit_overrides("tiny", work / "runs", steps=3), "diagnostics.noise_levels=0"]
+    sampling = ["--steps", 2, "--no-progress"]
+    listing, _, _, scored = scalelong_cli(
+        ["configs"],
+        ["train", "demo", *overrides, "--no-progress"],
+        ["sample", run_dir, "--n", 2, "--out", work / "samples", *sampling],
+        ["eval", run_dir, "--n", 4, "--metric", "fd-mnist", *sampling],
+    )
     assert all(re.search(rf"^{name} ", listing, flags=re.M) for name in preset_names())
     assert str(venv) in listing  # the presets are the installed ones
 
-    overrides = [*tiny_uvit_overrides("tiny", work / "runs", steps=3), "diagnostics.noise_levels=0"]
-    run(scalelong_cli, "train", "demo", *overrides, "--no-progress")
-    run_dir = work / "runs" / "tiny"
     assert json.loads((run_dir / "summary.json").read_text())["status"] == "complete"
     assert (run_dir / "checkpoints" / "step-000003" / "ema.safetensors").is_file()
     stored = yaml.safe_load((run_dir / "config.yaml").read_text())
     assert stored == config_to_dict(load_config("configs/demo.yaml", overrides))  # the clone's recipe
 
-    run(
-        scalelong_cli,
-        "sample",
-        run_dir,
-        "--n",
-        "2",
-        "--steps",
-        "2",
-        "--out",
-        work / "samples",
-        "--no-progress",
-    )
     with Image.open(work / "samples" / "000001.png") as image:
         assert image.size == (32, 32)
     # FD-MNIST reads the digit classifier shipped in the installed package.
-    scored = run(
-        scalelong_cli, "eval", run_dir, "--n", "4", "--steps", "2", "--metric", "fd-mnist", "--no-progress"
-    )
     assert float(re.match(r"fd-mnist (\S+) ", scored).group(1)) > 0

@@ -14,7 +14,9 @@ from safetensors.torch import load_file
 
 from conftest import tiny_uvit_overrides
 from scalelong.config import load_config
+from scalelong.data import embedded_mnist
 from scalelong.evaluation import TrainingEvaluator
+from scalelong.frechet import mnist_reference_stats, save_stats
 from scalelong.runs import RunDir, load_model
 from scalelong.train import train
 
@@ -55,17 +57,52 @@ def launch_two(train_args: list[str], script: list[str] | None = None) -> subpro
     return subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
 
 
+# The evaluation at the last step only: the training log keeps its three records, and each
+# process samples its share of the seeds twice (the evaluation, then the final re-score).
+EVALUATION = [
+    f"eval.every={STEPS}",
+    "eval.num_samples=11",
+    "eval.steps=2",
+    "eval.batch_size=4",
+    "eval.final_num_samples=7",
+]
+RECORD_EVAL_SEEDS = str(Path(__file__).with_name("record_eval_seeds.py"))
+
+
+def fd_mnist_reference(folder: Path) -> str:
+    """A file for eval.fid_stats holding the statistics fd-mnist uses without one (the 5,000
+    embedded digits): computed once in this process, where each launched process would compute
+    them again (seconds)."""
+    mu, sigma = mnist_reference_stats("train")
+    digits = len(embedded_mnist("train")[0])
+    return str(save_stats(folder / "fd-mnist-train.npz", mu, sigma, "fd-mnist", digits))
+
+
 @pytest.mark.slow
-def test_two_processes_match_one(tmp_path):
+def test_two_processes_train_and_evaluate_like_one(tmp_path):
+    """One launch of two processes (a launch is three Python processes, seconds each) checked
+    twice: its training against one process with the same global batch, its evaluation against
+    one process sampling every seed."""
     # two processes x two micro-batches of 2 (train.grad_accum; the first backward skips the
     # all-reduce) against one process running the global batch of 8 at once
-    out = launch_two([*overrides("two", tmp_path), "train.grad_accum=2"])
+    seeds = tmp_path / "seeds"
+    evaluation = [*EVALUATION, f"eval.fid_stats={fd_mnist_reference(tmp_path)}"]
+    args = [*overrides("two", tmp_path), *evaluation, "train.grad_accum=2"]
+    out = launch_two(args, script=[RECORD_EVAL_SEEDS, str(seeds)])
     assert out.returncode == 0, out.stderr[-3000:]
+    assert_trained_like_one_process(out, tmp_path / "two", evaluation, tmp_path)
+    assert_evaluation_split_like_one_process(tmp_path / "two", seeds, tmp_path)
+
+
+def assert_trained_like_one_process(
+    out: subprocess.CompletedProcess, run: Path, evaluation: list[str], tmp_path: Path
+) -> None:
+    """Identical weights on both processes, one writer, and the weights and losses of one process
+    with the same config."""
     assert "2 processes hold identical weights" in out.stdout
     assert out.stdout.count("final loss") == 1  # the main process reports and writes files
     assert "Grad strides do not match" not in out.stderr  # DDP's note on the mlp_conv weight, silenced
 
-    run = tmp_path / "two"
     steps = [json.loads(line)["step"] for line in (run / "metrics.jsonl").read_text().splitlines()]
     assert steps == [2, 4, 6]
     assert len(list((run / "tb").iterdir())) == 1
@@ -75,7 +112,7 @@ def test_two_processes_match_one(tmp_path):
     trainer = torch.load(run / "checkpoints" / "step-000006" / "trainer.pt", weights_only=True)
     assert trainer["num_processes"] == 2 and len(trainer["rng"]) == 2
 
-    one = train(load_config("configs/demo.yaml", overrides("one", tmp_path)), progress=False)
+    one = train(load_config("configs/demo.yaml", [*overrides("one", tmp_path), *evaluation]), progress=False)
     for weights in ("model.safetensors", "ema.safetensors"):
         a = load_file(one.checkpoint / weights)
         b = load_file(run / "checkpoints" / "step-000006" / weights)
@@ -89,16 +126,10 @@ def test_two_processes_match_one(tmp_path):
     torch.testing.assert_close(torch.tensor(losses[1]), torch.tensor(losses[0]), rtol=1e-5, atol=1e-6)
 
 
-@pytest.mark.slow
-def test_evaluation_split_over_two_processes_equals_one_process(tmp_path):
+def assert_evaluation_split_like_one_process(run_dir: Path, seeds: Path, tmp_path: Path) -> None:
     """Each process samples its share of the evaluation seeds (11: 5 and 6), the main process
     gathers the features: the distances equal those of one process sampling all of them."""
-    evaluation = ["eval.every=2", "eval.num_samples=11", "eval.steps=2", "eval.batch_size=4"]
-    args = overrides("eval", tmp_path) + [*evaluation, "eval.final_num_samples=7", "train.steps=2"]
-    seeds = tmp_path / "seeds"
-    out = launch_two(args, script=[str(Path(__file__).with_name("record_eval_seeds.py")), str(seeds)])
-    assert out.returncode == 0, out.stderr[-3000:]
-    # per process: the evaluation at step 2 (11 samples), then the final re-score (7), as offsets
+    # per process: the evaluation at step 6 (11 samples), then the final re-score (7), as offsets
     # from the first evaluation seed
     drawn = [
         [json.loads(line) for line in (seeds / f"seeds-{r}.jsonl").read_text().splitlines()] for r in (0, 1)
@@ -106,17 +137,17 @@ def test_evaluation_split_over_two_processes_equals_one_process(tmp_path):
     base = drawn[0][0][0]
     offsets = [[[s - base for s in call] for call in calls] for calls in drawn]
     assert offsets == [[[0, 1, 2, 3, 4], [0, 1, 2]], [[5, 6, 7, 8, 9, 10], [3, 4, 5, 6]]]
-    run = RunDir(tmp_path / "eval")
+    run = RunDir(run_dir)
     (record,) = run.eval_records().values()
     best = json.loads(run.summary_file.read_text())["best"]
-    assert record["step"] == 2 and record["fd_samples"] == 11
-    assert best["best_step"] == 2 and best["fd_samples"] == 7 and best["fd_at_eval"] == record["fd"]
+    assert record["step"] == STEPS and record["fd_samples"] == 11
+    assert best["best_step"] == STEPS and best["fd_samples"] == 7 and best["fd_at_eval"] == record["fd"]
 
     cfg = run.config()
-    ema = load_model(run.checkpoint(2), cfg.model, "ema")
+    ema = load_model(run.checkpoint(STEPS), cfg.model, "ema")
     one = TrainingEvaluator(cfg, tmp_path / "elsewhere", "cpu")  # one process
-    assert one(2, ema)["fd"] == pytest.approx(record["fd"], rel=1e-6)
-    assert one(2, ema, n=7)["fd"] == pytest.approx(best["fd"], rel=1e-6)
+    assert one(STEPS, ema)["fd"] == pytest.approx(record["fd"], rel=1e-6)
+    assert one(STEPS, ema, n=7)["fd"] == pytest.approx(best["fd"], rel=1e-6)
 
 
 def test_cpu_processes_launches_data_parallel_processes_of_a_share_of_the_cores(tmp_path, monkeypatch):
