@@ -104,19 +104,19 @@ def test_the_dry_run_says_where_each_run_goes(gpus, tmp_path, capsys):
     assert not any(tmp_path.iterdir())
 
 
-def where_am_i(k: int) -> tuple[int, str, int]:
-    import torch
-
-    time.sleep(0.5)  # long enough that each worker takes some of the items
-    return os.getpid(), os.environ.get("CUDA_VISIBLE_DEVICES", ""), torch.get_num_threads()
+# What a worker reports of itself, after a pause long enough that each worker takes some of the
+# items: its pid, its CUDA_VISIBLE_DEVICES and its torch threads. The workers run it through the
+# builtin eval, which they unpickle without importing anything: a function of this module would
+# make each of them import this module first, and all it imports (~2 s of CPU a worker).
+WHERE_AM_I = (
+    "__import__('time').sleep(0.5) or (__import__('os').getpid(), "
+    "__import__('os').environ.get('CUDA_VISIBLE_DEVICES', ''), __import__('torch').get_num_threads())"
+)
 
 
 def test_each_pool_worker_sees_only_its_own_gpus():
     """Real spawned workers: CUDA_VISIBLE_DEVICES is each one's own, set before it runs anything."""
-    seen = [
-        result
-        for _, result in pool_map(where_am_i, [(k,) for k in range(4)], jobs=2, threads=1, gpus=("3", "5,6"))
-    ]
+    seen = [result for _, result in pool_map(eval, [(WHERE_AM_I,)] * 4, jobs=2, threads=1, gpus=("3", "5,6"))]
     by_worker = {pid: env for pid, env, _ in seen}
     assert sorted(by_worker.values()) == ["3", "5,6"]  # two workers, each with its own GPUs
     assert all(by_worker[pid] == env for pid, env, _ in seen)  # every item of a worker on its GPUs

@@ -24,7 +24,8 @@ The rules, so a page can say what it likes as long as it stays true:
     (``scalelong.launch.visible_gpus`` faked), so ``--jobs 8`` is placed rather than refused.
   - ``sbatch ... --wrap "CMD"``: CMD is checked by these same rules.
   - ``scalelong sample``, ``analyze`` and ``eval`` (slow) run against a tiny run made once per
-    module, in place of the run folder the page names, with ``--out`` in a temporary folder;
+    module, in place of the run folder the page names, with ``--out`` in a temporary folder and
+    ``--n`` at most 16 (a command that is then the same as one already run runs once);
     those that need what this machine lacks (FID's Inception weights and reference statistics,
     text-to-image encoders) are validated.
   - ``scalelong fid-stats`` and ``extract-features`` (datasets and encoders not on this machine)
@@ -36,6 +37,8 @@ The rules, so a page can say what it likes as long as it stays true:
   - Validated means: parsed by ``scalelong.cli``'s parser exactly as ``scalelong`` would, and the
     config, if the command takes one, loaded and validated with its overrides.
 
+* Every model a test checks (``scalelong.build.check_model``: built, and one input passed through
+  it) is checked once per test: the commands of a page check the same few models again and again.
 * A page that holds the line ``<!-- docs-test: run at toy size: OVERRIDES -->`` (OVERRIDES may
   be empty) runs instead every ``scalelong`` command it shows, in order, in one temporary
   working directory: first every block with a ``title="file"`` is written to that file, and a
@@ -290,6 +293,26 @@ def check_non_cli(words: list[str], where: str) -> None:
         )
 
 
+@pytest.fixture
+def each_model_checked_once(monkeypatch):
+    """``scalelong.build.check_model`` remembered by model config for one test. Every command of a
+    study page checks every model of its runs, and the commands share them (docs/studies.md: 100
+    checks of 28 models, most of the page's time); the check is a function of the config alone
+    (the model built and run on one input, the RNG state given back), so a second one of the same
+    config can only repeat the first. The command line looks the function up when it runs."""
+    import scalelong.build
+
+    check, checked = scalelong.build.check_model, {}
+
+    def once(cfg):
+        key = repr(cfg)  # as scalelong.build.check_models tells configs apart: every field spelled out
+        if key not in checked:
+            checked[key] = check(cfg)
+        return checked[key]
+
+    monkeypatch.setattr(scalelong.build, "check_model", once)
+
+
 # The kinds of scalelong command, by what the test does with them.
 RUN_HERE = {"info", "configs"}
 ON_A_RUN = {"sample", "analyze", "eval"}
@@ -315,7 +338,16 @@ def run_cli(argv: list[str], capsys) -> tuple[int, str]:
     return code, captured.out + captured.err
 
 
-def check_command(argv: list[str], where: str, capsys, run_dir: Path | None = None, out: Path | None = None):
+def check_command(
+    argv: list[str],
+    where: str,
+    capsys,
+    run_dir: Path | None = None,
+    out: Path | None = None,
+    ran: list[list[str]] | None = None,
+) -> None:
+    """Check one ``scalelong`` command by its kind (the rules above); ``ran``: the commands on a run
+    folder already run, as they ran (a second, identical one would only do the same again)."""
     command = argv[0]
     args = cli_parse(argv)
     if command in RUN_HERE:
@@ -335,13 +367,18 @@ def check_command(argv: list[str], where: str, capsys, run_dir: Path | None = No
     elif command in ON_A_RUN:
         if needs_what_is_missing(args) or run_dir is None:
             return
-        swapped = [str(run_dir) if a == args.run_dir else a for a in argv]
+        swapped = fewer_images([str(run_dir) if a == args.run_dir else a for a in argv])
         if "--out" in swapped:
             swapped[swapped.index("--out") + 1] = str(out)
+        if ran is not None:
+            if swapped in ran:
+                return
+            ran.append(swapped)
         code, text = run_cli([*swapped, "--no-progress"] if command != "analyze" else swapped, capsys)
         assert code == 0, f"{where}: scalelong {shlex.join(swapped)}\n{text}"
         if command == "sample":
-            assert len(list(out.rglob("*.png"))) == args.n, f"{where}: not {args.n} images in {out}"
+            n = cli_parse(swapped).n
+            assert len(list(out.rglob("*.png"))) == n, f"{where}: not {n} images in {out}"
     elif command in VALIDATED:
         if hasattr(args, "config"):
             load(args)
@@ -350,6 +387,19 @@ def check_command(argv: list[str], where: str, capsys, run_dir: Path | None = No
 
 
 FAST = RUN_HERE | {"train"} | STUDIES | VALIDATED
+
+# Images a command on a run folder draws at most: what sample and eval do with a run does not
+# depend on how many (the page's 1000 for FD-MNIST took most of the run-folder test's time).
+MOST_IMAGES = 16
+
+
+def fewer_images(argv: list[str]) -> list[str]:
+    """``argv`` with its ``--n`` at most :data:`MOST_IMAGES`."""
+    out = list(argv)
+    if "--n" in out:
+        k = out.index("--n") + 1
+        out[k] = str(min(int(out[k]), MOST_IMAGES))
+    return out
 
 
 GPUS_OF_THE_PAGE = {"cluster.md": 8}  # pages that describe a machine with GPUs, and how many
@@ -382,7 +432,9 @@ def check_shell_command(words: list[str], where: str, capsys, toy: bool = False)
 
 
 @pytest.mark.parametrize("page", [p for p in GUIDE if blocks_of(p, ("bash", "sh", "shell"))], ids=page_id)
-def test_shell_commands_of_the_guide_parse_and_validate(page: Path, offline, capsys, monkeypatch):
+def test_shell_commands_of_the_guide_parse_and_validate(
+    page: Path, offline, capsys, monkeypatch, each_model_checked_once
+):
     """Every command is known; the fast kinds (info, train --dry-run, ...) run here (a page that
     runs at toy size runs them in :func:`test_a_toy_size_page_runs_every_command`)."""
     if page.name in GPUS_OF_THE_PAGE:
@@ -411,8 +463,9 @@ def tiny_run(tmp_path_factory) -> Path:
 def test_run_folder_commands_run_on_a_tiny_run(tiny_run, offline, capsys):
     found = cli_commands(GUIDE, ON_A_RUN)
     assert any(argv[0] == "sample" for _, argv in found), "the guide shows no scalelong sample"
+    ran: list[list[str]] = []
     for k, (where, argv) in enumerate(found):
-        check_command(argv, where, capsys, run_dir=tiny_run, out=offline / f"out-{k}")
+        check_command(argv, where, capsys, run_dir=tiny_run, out=offline / f"out-{k}", ran=ran)
 
 
 def test_recorded_study_commands_still_parse_and_validate():
@@ -502,7 +555,7 @@ TOY_PAGES = [p for p in GUIDE if toy_overrides(p) is not None]
 
 @pytest.mark.slow
 @pytest.mark.parametrize("page", TOY_PAGES, ids=page_id)
-def test_a_toy_size_page_runs_every_command(page: Path, offline, capsys):
+def test_a_toy_size_page_runs_every_command(page: Path, offline, capsys, each_model_checked_once):
     extra = toy_overrides(page)
     blocks = fenced_blocks(page.read_text())
     for block in blocks:
