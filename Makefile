@@ -35,7 +35,7 @@ demo: setup
 	echo "make demo: $$(( $$(date +%s) - start )) s elapsed"; exit $$status
 
 test: setup
-	$(BIN)/python -m pytest -n auto  # one worker per core; each test runs single-threaded
+	$(BIN)/python -m pytest -n auto --dist loadgroup  # one worker per core, each test single-threaded; a module marked xdist_group stays on one worker
 
 bench: setup
 	$(BIN)/python -m benchmarks

@@ -32,6 +32,9 @@ from scalelong.models import UNet, UViT  # noqa: E402
 from scalelong.runs import MetricsLog, RunDir  # noqa: E402
 from scalelong.studies.divergence import divergence  # noqa: E402
 
+# One worker runs this module (`--dist loadgroup`): the diffusers run is made once.
+pytestmark = pytest.mark.xdist_group("test_diagnostics_backbones")
+
 DIFFUSERS_BLOCKS = ["down_blocks.0", "down_blocks.1", "mid_block", "up_blocks.0", "up_blocks.1"]
 UVIT_BLOCKS = ["in_blocks.0", "in_blocks.1", "mid_block", "out_blocks.0", "out_blocks.1"]
 UNET_BLOCKS = [f"down.{i}" for i in range(3)] + ["mid.0", "mid.1"] + [f"up.{i}" for i in range(5)]

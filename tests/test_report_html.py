@@ -22,6 +22,9 @@ from scalelong.studies.report import final_sample_grid, markdown_html
 from scalelong.studies.summary import StudyRun
 from scalelong.train import save_grid
 
+# One worker runs this module (`--dist loadgroup`): the study report is made once.
+pytestmark = pytest.mark.xdist_group("test_report_html")
+
 METHODS = ("none", "cs", "ls")
 
 

@@ -28,6 +28,9 @@ from safetensors.torch import load_file
 from scalelong.checkpoint import checkpoint_problem, list_checkpoints, save_checkpoint
 from scalelong.cli import main
 
+# One worker runs this module (`--dist loadgroup`): the straight run (workdir) is made once.
+pytestmark = pytest.mark.xdist_group("test_train_resume")
+
 TINY = {
     "name": "straight",
     "model": {
