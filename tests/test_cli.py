@@ -1,3 +1,4 @@
+import json
 import subprocess
 import sys
 
@@ -63,3 +64,25 @@ def test_train_end_to_end_prints_where_outputs_are(tmp_path, capsys):
     assert code == 0, stderr
     assert "metrics:" in stdout and "samples:" in stdout
     assert (tmp_path / "cli" / "metrics.jsonl").is_file()
+    assert "fd-mnist" not in stdout and "scalelong eval" not in stdout  # nothing was evaluated
+
+
+def test_train_prints_its_last_score_and_digit_score(tmp_path, capsys):
+    """A run that evaluates ends by saying what it scored, with FD-MNIST's digit score beside it,
+    the best step's re-score where one was asked for, and how to score more samples where not."""
+    evaluation = ["eval.every=5", "eval.num_samples=8", "eval.steps=2", "eval.batch_size=8"]
+    args = ["train", "configs/demo.yaml", "--no-progress", *tiny_uvit_overrides("ev", tmp_path, steps=5)]
+    code, stdout, stderr = run_cli(capsys, *args, *evaluation)
+    assert code == 0, stderr
+    line = next(x for x in stdout.splitlines() if x.startswith("fd-mnist "))
+    fd = float(line.split()[1])
+    record = [json.loads(x) for x in (tmp_path / "ev" / "metrics.jsonl").read_text().splitlines()]
+    logged = next(r for r in record if "fd" in r)
+    assert fd == pytest.approx(logged["fd"], abs=0.05)
+    assert "(step 5, 8 samples, dpm_solver 2 steps)" in line
+    assert f"confident {logged['digits/confident']:.2f} (real digits 0.96)" in line
+    assert f"scalelong eval {tmp_path / 'ev'} --n 1000" in stdout
+    code, stdout, stderr = run_cli(capsys, *args, *evaluation, "eval.final_num_samples=6", "--overwrite")
+    assert code == 0, stderr
+    assert "best step 5 re-scored: fd-mnist " in stdout and "(6 samples)" in stdout
+    assert "scalelong eval" not in stdout

@@ -101,6 +101,7 @@ def assert_trained_like_one_process(
     with the same config."""
     assert "2 processes hold identical weights" in out.stdout
     assert out.stdout.count("final loss") == 1  # the main process reports and writes files
+    assert out.stdout.count("re-scored: fd-mnist") == 1  # ... and says what the run scored
     assert "Grad strides do not match" not in out.stderr  # DDP's note on the mlp_conv weight, silenced
 
     steps = [json.loads(line)["step"] for line in (run / "metrics.jsonl").read_text().splitlines()]

@@ -52,11 +52,48 @@ def cmd_train(args: argparse.Namespace) -> int:
     if int(os.environ.get("RANK", "0")) != 0:  # the main process reports for the run
         return 0
     print(f"final loss {result.final_loss:.4f}")
-    print(f"metrics:    {RunDir(result.run_dir).metrics_file}")
+    run = RunDir(result.run_dir)
+    for line in evaluation_lines(run):
+        print(line)
+    print(f"metrics:    {run.metrics_file}")
     print(f"checkpoint: {result.checkpoint}")
     if result.samples is not None:
         print(f"samples:    {result.samples}")
     return 0
+
+
+def evaluation_lines(run) -> list[str]:
+    """What a finished run scored: its last evaluation (FD and, for FD-MNIST, the digit score) and
+    the best step's re-score where ``eval.final_num_samples`` asked for one; no lines without."""
+    import json
+
+    from scalelong import metric_names as names
+
+    records = run.eval_records()
+    if not records:
+        return []
+    step = max(records)
+    r = records[step]
+    how = f"step {step}, {r.get('fd_samples')} samples, {r.get('fd_sampler')} {r.get('fd_steps')} steps"
+    how += ", bf16" if r.get("fd_precision") == "bf16" else ""
+    line = f"{r.get('fd_metric', 'fd')} {r[names.FD]:.1f} ({how})"
+    if isinstance(r.get(names.DIGITS_CONFIDENT), (int, float)):
+        from scalelong.fd_mnist import format_digit_score
+
+        score = {"confident": r[names.DIGITS_CONFIDENT], "entropy": r.get(names.DIGITS_ENTROPY, float("nan"))}
+        line += f"; digits: {format_digit_score(score)}"
+    lines = [line]
+    try:
+        final = json.loads(run.eval_final_file.read_text())
+        lines.append(
+            f"best step {final['best_step']} re-scored: {final['fd_metric']} {final['fd']:.1f} "
+            f"({final['fd_samples']} samples)"
+        )
+    except (OSError, ValueError, KeyError, TypeError):
+        pass  # no re-score asked for (eval.final_num_samples: 0), or none written
+    if not run.eval_final_file.exists() and (r.get("fd_samples") or 0) < 1000:  # FD is biased up at few
+        lines.append(f"score it on more samples: scalelong eval {run.path} --n 1000")
+    return lines
 
 
 def cpu_processes(cfg) -> int:
