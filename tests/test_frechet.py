@@ -84,16 +84,24 @@ def test_stats_round_trip_and_user_errors(tmp_path) -> None:
 
 @pytest.mark.slow
 def test_fid_path_end_to_end_with_random_inception(tmp_path) -> None:
-    """No download: the pytorch-fid network with random weights, on tiny grey and colour images."""
+    """No download: the pytorch-fid network with random weights, on tiny grey and colour images.
+    Its features are tiny (about 1e-8: nothing normalises them), so every check is relative."""
     features = inception_features(random_init=True)
     gen = torch.Generator().manual_seed(0)
     real = torch.rand((3, 1, 16, 16), generator=gen) * 2 - 1
     fake = torch.rand((3, 3, 16, 16), generator=gen) * 2 - 1
+    f_real = features(real)
+    assert f_real.shape == (3, 2048) and torch.isfinite(f_real).all()
+    assert torch.equal(f_real, features(real.repeat(1, 3, 1, 1)))  # grey: three equal channels
+    assert (features(fake) - f_real).abs().mean() > 0.05 * f_real.abs().mean()  # other images, other features
     ref = reference_stats("fid", real, features)
-    assert ref[0].shape == (2048,) and ref[1].shape == (2048, 2048)
+    np.testing.assert_allclose(ref[0], f_real.double().mean(0).numpy(), rtol=1e-6)
+    assert ref[1].shape == (2048, 2048)
     save_stats(tmp_path / "ref.npz", *ref, "fid", 3)
-    fd = fd_of_images(features, fake, load_stats(tmp_path / "ref.npz", "fid"))
-    assert np.isfinite(fd) and fd > 0  # (each 2048-d distance costs two eigendecompositions: one is enough)
+    loaded = load_stats(tmp_path / "ref.npz", "fid")
+    # each 2048-d distance costs two eigendecompositions: two distances, the least that can tell
+    fd_fake, fd_self = fd_of_images(features, fake, loaded), fd_of_images(features, real, loaded)
+    assert fd_fake > 0 and abs(fd_self) < 1e-6 * fd_fake, (fd_fake, fd_self)
 
 
 def test_inception_weights_path_must_exist(tmp_path) -> None:
