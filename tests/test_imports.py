@@ -216,3 +216,14 @@ def test_import_scalelong_loads_nothing_and_lists_every_lazy_name():
     assert seen == {(module, name) for name, module in scalelong._LAZY.items()}
     for name in public:
         assert getattr(scalelong, name) is getattr(__import__(scalelong._LAZY[name], fromlist=[name]), name)
+
+
+def test_the_command_lines_help_and_config_listing_import_no_torch():
+    """`scalelong --help`, `scalelong configs` and loading a config's text answer at once: building
+    the parser and importing the config module load neither torch nor the trainer."""
+    ours, others = loaded_after(
+        "import contextlib, io\nfrom scalelong.cli import build_parser, main\nimport scalelong.config\n"
+        "build_parser()\nwith contextlib.redirect_stdout(io.StringIO()): main(['configs'])"
+    )
+    assert "torch" not in others and "scalelong.train" not in ours, sorted(ours)
+    assert "scalelong.config" in ours and "scalelong.presets" in ours

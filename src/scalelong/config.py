@@ -19,9 +19,7 @@ import yaml
 
 from scalelong.errors import ScaleLongError
 from scalelong.metrics_log import write_text_atomic  # re-exported: the application's atomic write
-from scalelong.models.unet import layout_problem as unet_layout_problem
 from scalelong.presets import resolve_config
-from scalelong.skips import DEFAULT_KAPPA, MERGE_LAYER_METHODS, PAPER_METHODS, check_method
 
 
 @dataclass
@@ -453,6 +451,8 @@ KAPPA_FAMILY = {"uvit": "uvit", "unet": "unet", "diffusers_unet2d": "unet", "pyt
 
 def resolved_kappa(m: ModelConfig) -> float:
     """``model.skip.kappa``, or when it is unset the default of the model's backbone."""
+    from scalelong.skips import DEFAULT_KAPPA
+
     if m.skip.kappa is not None:
         return m.skip.kappa
     return DEFAULT_KAPPA[KAPPA_FAMILY[m.type]]
@@ -465,6 +465,8 @@ def validate(cfg: Config) -> None:
     its backbone's), so the config a run directory stores spells them out and a rerun of the
     same YAML compares equal to it.
     """
+    from scalelong.skips import check_method
+
     m = cfg.model
     _choice("model.type", m.type, MODEL_TYPES)
     m.skip.kappa = resolved_kappa(m)
@@ -603,6 +605,8 @@ def validate(cfg: Config) -> None:
 
 def _check_backbone_method(m: ModelConfig) -> None:
     """The methods beyond the paper's are built into the package's own backbones only."""
+    from scalelong.skips import MERGE_LAYER_METHODS, PAPER_METHODS
+
     method = m.skip.method
     if m.type in ("diffusers_unet2d", "python") and method not in PAPER_METHODS:
         raise ScaleLongError(
@@ -669,6 +673,8 @@ def _validate_unet(u: UNetConfig) -> None:
     for key in ("img_size", "in_channels", "base_channels", "num_res_blocks", "attn_heads", "norm_groups"):
         _positive(f"model.unet.{key}", getattr(u, key))
     _positive("model.unet.num_classes", u.num_classes, allow_zero=True)
+    from scalelong.models.unet import layout_problem as unet_layout_problem
+
     problem = unet_layout_problem(u.img_size, u.channel_mult, u.num_res_blocks, u.base_channels, u.attn_heads)
     if problem is not None:
         raise ScaleLongError(f"model.unet.{problem}")
