@@ -93,13 +93,13 @@ def test_fid_path_end_to_end_with_random_inception(tmp_path) -> None:
     f_real = features(real)
     assert f_real.shape == (3, 2048) and torch.isfinite(f_real).all()
     assert torch.equal(f_real, features(real.repeat(1, 3, 1, 1)))  # grey: three equal channels
-    assert (features(fake) - f_real).abs().mean() > 0.05 * f_real.abs().mean()  # other images, other features
     ref = reference_stats("fid", real, features)
     np.testing.assert_allclose(ref[0], f_real.double().mean(0).numpy(), rtol=1e-6)
     assert ref[1].shape == (2048, 2048)
     save_stats(tmp_path / "ref.npz", *ref, "fid", 3)
     loaded = load_stats(tmp_path / "ref.npz", "fid")
-    # each 2048-d distance costs two eigendecompositions: two distances, the least that can tell
+    # each 2048-d distance costs two eigendecompositions (2 s): two, the least that tells a distance
+    # from rounding (another set's, against a set's own)
     fd_fake, fd_self = fd_of_images(features, fake, loaded), fd_of_images(features, real, loaded)
     assert fd_fake > 0 and abs(fd_self) < 1e-6 * fd_fake, (fd_fake, fd_self)
 
