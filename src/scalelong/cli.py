@@ -62,9 +62,25 @@ def cmd_train(args: argparse.Namespace) -> int:
     return 0
 
 
+def score_line(
+    r: dict, where: str, digits: dict | None = None, real: dict | None = None, places: int = 4
+) -> str:
+    """One evaluation record (``fd``, ``fd_metric``, ``fd_samples``, ...) as one line, with the digit
+    score beside FD-MNIST: what ``scalelong eval`` prints and ``scalelong train`` ends with."""
+    how = f"{where}, {r['fd_samples']} samples, {r['fd_sampler']} {r['fd_steps']} steps"
+    how += ", bf16" if r.get("fd_precision") == "bf16" else ""
+    line = f"{r['fd_metric']} {r['fd']:.{places}f} ({how})"
+    if digits is not None:  # beside FD-MNIST, the readable part: recognisable digits and class balance
+        from scalelong.fd_mnist import format_digit_score
+
+        line += f"; digits: {format_digit_score(digits, real)}"
+    return line
+
+
 def evaluation_lines(run) -> list[str]:
-    """What a finished run scored: its last evaluation (FD and, for FD-MNIST, the digit score) and
-    the best step's re-score where ``eval.final_num_samples`` asked for one; no lines without."""
+    """What a finished run scored: its last evaluation (FD and, for FD-MNIST, the digit score), and
+    the best step's re-score where ``eval.final_num_samples`` asked for one, or else how to score
+    more samples; no lines for a run that never evaluated."""
     import json
 
     from scalelong import metric_names as names
@@ -74,25 +90,24 @@ def evaluation_lines(run) -> list[str]:
         return []
     step = max(records)
     r = records[step]
-    how = f"step {step}, {r.get('fd_samples')} samples, {r.get('fd_sampler')} {r.get('fd_steps')} steps"
-    how += ", bf16" if r.get("fd_precision") == "bf16" else ""
-    line = f"{r.get('fd_metric', 'fd')} {r[names.FD]:.1f} ({how})"
+    digits = None
     if isinstance(r.get(names.DIGITS_CONFIDENT), (int, float)):
-        from scalelong.fd_mnist import format_digit_score
-
-        score = {"confident": r[names.DIGITS_CONFIDENT], "entropy": r.get(names.DIGITS_ENTROPY, float("nan"))}
-        line += f"; digits: {format_digit_score(score)}"
-    lines = [line]
+        digits = {
+            "confident": r[names.DIGITS_CONFIDENT],
+            "entropy": r.get(names.DIGITS_ENTROPY, float("nan")),
+        }
+    lines = [score_line(r, f"step {step}", digits, places=1)]
     try:
         final = json.loads(run.eval_final_file.read_text())
         lines.append(
             f"best step {final['best_step']} re-scored: {final['fd_metric']} {final['fd']:.1f} "
             f"({final['fd_samples']} samples)"
         )
+    except FileNotFoundError:  # no re-score asked for (eval.final_num_samples: 0)
+        if r["fd_samples"] < 1000:  # FD is biased upward on few samples
+            lines.append(f"score it on more samples: scalelong eval {run.path} --n 1000")
     except (OSError, ValueError, KeyError, TypeError):
-        pass  # no re-score asked for (eval.final_num_samples: 0), or none written
-    if not run.eval_final_file.exists() and (r.get("fd_samples") or 0) < 1000:  # FD is biased up at few
-        lines.append(f"score it on more samples: scalelong eval {run.path} --n 1000")
+        pass  # an unreadable re-score file: the run's own log above still says what it scored
     return lines
 
 
@@ -195,14 +210,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
         args.inception_weights, args.batch_size, resolve_device(args.device), not args.no_progress,
         weights=args.weights, mixed_precision=args.mixed_precision,
     )  # fmt: skip
-    how = f"{r['checkpoint']}, {r['fd_samples']} samples, {r['fd_sampler']} {r['fd_steps']} steps"
-    how += ", bf16" if r["fd_precision"] == "bf16" else ""
-    digits = ""
-    if "digits" in r:  # beside FD-MNIST, the readable part: recognisable digits and class balance
-        from scalelong.fd_mnist import format_digit_score
-
-        digits = f"; digits: {format_digit_score(r['digits'], r['digits_real'])}"
-    print(f"{r['fd_metric']} {r['fd']:.4f} ({how}){digits}")
+    print(score_line(r, r["checkpoint"], r.get("digits"), r.get("digits_real")))
     return 0
 
 
