@@ -153,6 +153,7 @@ LIBRARY = {
     "scalelong.lock",
     "scalelong.tracking",
     "scalelong.metric_names",
+    "scalelong.provenance",
 }
 APPLICATION = {"scalelong.runs", "scalelong.build", "scalelong.config", "scalelong.train", "scalelong.data"}
 APPLICATION |= {"scalelong.user_model"}
@@ -163,7 +164,7 @@ APPLICATION |= {"scalelong.studies", "scalelong.studies.running", "scalelong.stu
 LIBRARY_NAMES = (
     "apply_scalelong, find_skips, Diagnostics, RunLog, SkipInput, describe, save_scalelong, load_scalelong"
 )
-LIBRARY_CLOSURE = {"scalelong", *LIBRARY} - {"scalelong.optim"}
+LIBRARY_CLOSURE = {"scalelong", *LIBRARY} - {"scalelong.optim", "scalelong.provenance"}
 
 
 def loaded_after(statement: str) -> tuple[set[str], set[str]]:

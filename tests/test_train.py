@@ -68,6 +68,21 @@ def test_diagnostics_off_logs_no_skip_statistics(tmp_path):
     assert "skip/" not in text and "feature_norm" not in text
 
 
+def test_the_summary_records_what_made_the_run(tmp_path):
+    """Provenance: a study can tell per run which code, torch, precision and machine made it; the
+    precision is the one that ran (demo asks for bf16, which is fp32 on a CPU without bf16 units)."""
+    from scalelong.launch import cpu_has_bf16
+    from scalelong.provenance import source_commit
+
+    overrides = tiny_uvit_overrides("prov", tmp_path, steps=2) + ["train.mixed_precision=bf16"]
+    result = train(load_config("configs/demo.yaml", overrides), progress=False)
+    made = json.loads((result.run_dir / "summary.json").read_text())["provenance"]
+    assert made["torch"] == torch.__version__ and made["device"] == "cpu"
+    assert made["precision"] == ("bf16" if cpu_has_bf16() else "fp32")
+    assert made["commit"] == source_commit() and len(made["commit"].split("+")[0]) == 40
+    assert made["device_name"] and made["threads"] == torch.get_num_threads()
+
+
 def test_evaluation_during_training_and_final_rescore_of_the_best_step(tmp_path):
     overrides = tiny_uvit_overrides("eval", tmp_path, steps=10) + [
         "eval.every=5",

@@ -66,6 +66,7 @@ from scalelong.fd_mnist import format_digit_score
 from scalelong.launch import make_accelerator, on_main_process, sigterm_as_interrupt
 from scalelong.models import conditioning
 from scalelong.optim import ema_update, lr_factor
+from scalelong.provenance import provenance
 from scalelong.runs import RunDir
 from scalelong.sampling import generate
 from scalelong.tracking import Tracker
@@ -851,6 +852,7 @@ def _end(
         summary["stopped"] = stopped
     if final is not None:
         summary["best"] = final
+    summary["provenance"] = provenance(trainer.acc.mixed_precision, trainer.acc.device)
     run.write_summary(summary)
 
 
