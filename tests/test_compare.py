@@ -11,7 +11,7 @@ from scalelong.compare import run_comparison, steps_to_target, summarise, summar
 from scalelong.config import load_config
 from scalelong.errors import ScaleLongError
 from scalelong.launch import cpu_cores, share_cores
-from scalelong.studies.divergence import Divergence, DivergenceRule, criteria, divergence
+from scalelong.studies.divergence import Divergence, DivergenceRule, criteria, divergence, feature_growth
 from scalelong.studies.running import parse_methods, run_all
 from scalelong.studies.statistics import mean_ci
 from scalelong.studies.summary import StudyRun
@@ -201,18 +201,46 @@ def test_a_stop_on_nonfinite_steps_is_criterion_a():
     assert [(d.criterion, d.step) for d in found] == [("nonfinite", 37)]
     # a run that ended on non-finite steps without hitting the limit counts too
     ended = log([1.0, 0.9, None, None], [5, 6, math.nan, math.nan])
-    assert [(d.criterion, d.step) for d in divergence(ended)] == [("nonfinite", 40), ("feature_norm", 30)]
+    assert [(d.criterion, d.step) for d in divergence(ended)] == [("nonfinite", 40)]
 
 
-def test_collapse_without_nonfinite_steps_is_caught_by_loss_and_feature_norm():
+def test_collapse_without_nonfinite_steps_is_caught_by_the_loss_and_feature_growth_is_reported():
     # the demo U-ViT at lr 3e-2: loss stuck near 1.0, feature norms near 1e7, nothing non-finite
     losses = [1.02, 0.99, 1.01, 0.97, 1.0, 0.98, 1.01, 0.99]
     features = [6.0, 80.0, 2e3, 5e4, 1e6, 8e6, 1e7, 1.2e7]
     found = divergence(log(losses, features), warmup_steps=20)
-    assert [d.criterion for d in found] == ["loss", "feature_norm"]
-    assert found[0].step == 80  # judged up to the last logged loss
-    assert found[1].step == 30  # first logged norm above 100 x 6.0
-    assert "0.8 x its start 1.01" in found[0].detail and "2e+06 x its first 6" in found[1].detail
+    assert [(d.criterion, d.step) for d in found] == [("loss", 80)]  # judged up to the last logged loss
+    assert "0.8 x its start 1.01" in found[0].detail
+    # the growth is a number beside the verdict, from the end of warm-up (step 20: 80), not the first log
+    assert feature_growth(log(losses, features), warmup_steps=20) == pytest.approx(1.2e7 / 80.0)
+    assert feature_growth(log(losses, features), warmup_steps=0) == pytest.approx(1.2e7 / 6.0)
+
+
+def x0_probe(record, error, mean_image=0.2):
+    return {
+        **record,
+        **{f"noise/x0_mse@{lv:.2f}": error for lv in (0.1, 0.5, 0.9)},
+        "noise/x0_mse_mean_image": mean_image,
+    }
+
+
+def test_a_run_that_logged_a_held_out_error_is_judged_by_it_not_by_its_loss():
+    """The held-out x0 error against the mean image's decides: a run whose loss looks collapsed but
+    denoises held-out images better than the mean image trained; one whose loss fell but whose
+    final error is no better than the mean image failed, whatever the loss did."""
+    stuck = log([1.02, 0.99, 1.01, 0.97, 1.0, 0.98, 1.01, 0.99])
+    assert [d.criterion for d in divergence(stuck, warmup_steps=20)] == ["loss"]
+    learnt = [*stuck[:-1], x0_probe(stuck[-1], 0.15)]
+    assert divergence(learnt, warmup_steps=20) == []
+    fell = log([1.0, 0.8, 0.6, 0.4, 0.3, 0.3])
+    worse = [*fell[:-1], x0_probe(fell[-1], 0.23)]
+    (found,) = divergence(worse)
+    assert (found.criterion, found.step) == ("x0", 60)
+    assert found.detail == "final held-out x0 error 0.23 is not below the mean image's 0.2"
+    nan_out = [*fell[:-1], x0_probe(fell[-1], math.nan)]
+    assert [d.detail for d in divergence(nan_out)] == ["its final held-out x0 error is not finite"]
+    # the untrained model's probe at step 0 is no final error: the loss judges
+    assert divergence([x0_probe({"step": 0}, 0.9), *fell]) == []
 
 
 def with_input_free(records, free):
@@ -256,20 +284,6 @@ def test_loss_is_judged_after_warm_up_only_and_not_without_data():
     # too short to judge: two logged losses, or none after warm-up
     assert divergence(log([1.0, 1.0])) == []
     assert divergence(log([1.0, 1.0, 1.0, 1.0]), warmup_steps=40) == []
-
-
-def test_feature_norm_criterion_judges_the_end():
-    flat_loss = [1.0, 0.8, 0.6, 0.4, 0.3, 0.3]
-    blown = log(flat_loss, [2.0, 10.0, 150.0, 400.0, 600.0, 900.0])
-    found = divergence(blown)
-    assert [(d.criterion, d.step) for d in found] == [("feature_norm", 40)]
-    # a transient excursion that comes back is not divergence; a non-finite end is
-    assert divergence(log(flat_loss, [2.0, 500.0, 30.0, 20.0, 20.0, 20.0])) == []
-    assert [d.criterion for d in divergence(log(flat_loss, [2.0, 3.0, 3.0, 3.0, 3.0, math.inf]))] == [
-        "feature_norm"
-    ]
-    assert divergence(blown, rule=DivergenceRule(feature_growth=1000.0)) == []
-    assert divergence(log(flat_loss)) == []  # diagnostics off: not judged
 
 
 def test_criteria_counts_seeds_and_names_what_fired():
@@ -347,7 +361,7 @@ def test_compare_with_a_diverging_run_still_writes_its_report(tmp_path):
     report = (tmp_path / "cmp" / "report.md").read_text()
     rows = {line.split("|")[1].strip(): line for line in result.table.splitlines()[2:]}
     assert rows["none"].endswith("| 1/1 (nonfinite) |")
-    assert rows["cs"].endswith("| 0/1 |")
+    assert "nonfinite" not in rows["cs"]  # 20 steps: it may not yet beat the mean image (x0), no more
     assert "- `none-seed0`: nonfinite at step 8" in report  # 5 + 3 non-finite steps in a row
     assert (tmp_path / "cmp" / "report.html").is_file()
     # a rerun reuses both runs, the stopped one included

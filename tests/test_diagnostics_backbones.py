@@ -30,7 +30,7 @@ from scalelong.diffusion import DiscreteDDPM  # noqa: E402
 from scalelong.errors import ScaleLongError  # noqa: E402
 from scalelong.models import UNet, UViT  # noqa: E402
 from scalelong.runs import MetricsLog, RunDir  # noqa: E402
-from scalelong.studies.divergence import divergence  # noqa: E402
+from scalelong.studies.divergence import divergence, feature_growth  # noqa: E402
 
 # One worker runs this module (`--dist loadgroup`): the diffusers run is made once.
 pytestmark = pytest.mark.xdist_group("test_diagnostics_backbones")
@@ -239,16 +239,17 @@ def test_train_on_a_diffusers_unet_logs_the_feature_norm_and_every_block(diffuse
 
 
 @pytest.mark.slow
-def test_divergence_sees_a_diffusers_run_whose_feature_norm_blows_up(diffusers_run):
+def test_a_diffusers_run_reports_its_feature_growth_beside_the_verdict(diffusers_run):
+    """The failure rule reads a diffusers UNet's records as the U-ViT's; its feature growth is a
+    reported number (the last norm over the first logged), never a failure by itself."""
     records = diffusers_run.metrics()
-    assert not [d for d in divergence(records) if d.criterion == "feature_norm"]
     first = next(r["feature_norm"] for r in records if "feature_norm" in r)
     blown = [dict(r) for r in records]
     blown[-1]["feature_norm"] = 1e3 * first
-    found = [d for d in divergence(blown) if d.criterion == "feature_norm"]
-    assert len(found) == 1 and found[0].step == blown[-1]["step"] and "1e+03 x its first" in found[0].detail
-    blown[-1]["feature_norm"] = math.inf  # a non-finite norm is a blow-up too
-    assert "feature_norm" in [d.criterion for d in divergence(blown)]
+    assert feature_growth(blown, warmup_steps=0) == pytest.approx(1e3)
+    assert [d.criterion for d in divergence(blown)] == [d.criterion for d in divergence(records)]
+    blown[-1]["feature_norm"] = math.inf
+    assert feature_growth(blown, warmup_steps=0) == math.inf
 
 
 # ---------------------------------------------------------------------- a user's own loop

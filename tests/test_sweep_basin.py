@@ -14,6 +14,7 @@ from scalelong.diffusion import NOISE_LEVELS
 from scalelong.plots import BasinPoint, basin_figure
 from scalelong.studies.basin import (
     basin_section,
+    basin_table,
     basins,
     capped_error,
     largest_stable_lr,
@@ -67,12 +68,13 @@ def study() -> list[CellSummary]:
 
 
 def test_the_pieces_of_wortsmans_lr_sensitivity():
-    assert capped_error(0.3, 1.0, diverged=False) == 0.3
-    assert capped_error(1.2, 1.0, diverged=False) == 1.0  # worse than untrained counts as untrained
-    assert capped_error(0.3, 1.0, diverged=True) == 1.0  # diverged: the cap, whatever it ended at
-    assert capped_error(math.inf, 1.0, diverged=False) == 1.0  # its output was not finite
-    assert math.isnan(capped_error(math.nan, 1.0, diverged=False))  # not logged: no value
-    assert math.isnan(capped_error(0.3, math.nan, diverged=False))  # no cap: no value
+    assert capped_error(0.3, 1.0, failed=False) == 0.3
+    assert capped_error(1.2, 1.0, failed=False) == 1.0  # worse than untrained counts as untrained
+    assert capped_error(0.3, 1.0, failed=True) == 0.3  # failed but finite: its own error, as Wortsman
+    assert capped_error(math.nan, 1.0, failed=True) == 1.0  # failed and stopped before a probe: the cap
+    assert capped_error(math.inf, 1.0, failed=False) == 1.0  # its output was not finite
+    assert math.isnan(capped_error(math.nan, 1.0, failed=False))  # not logged: no value
+    assert math.isnan(capped_error(0.3, math.nan, failed=False))  # no cap: no value
     assert lr_sensitivity([0.30, 0.20, 1.0]) == pytest.approx(0.5 - 0.2)
     assert lr_sensitivity([0.4]) == 0.0 and math.isnan(lr_sensitivity([0.3, math.nan]))
     # the largest lr with no divergence there nor below: a stable lr above a diverged one is luck
@@ -119,23 +121,36 @@ def test_basin_numbers_on_constructed_cells():
     assert deep.seed_sensitivity() == pytest.approx({0: statistics.fmean([0.5, 0.8]) - 0.5})
 
 
-def test_feature_growth_alone_is_not_divergence_in_the_basin():
-    # At a constant lr the features of a run that trains well can grow 100x: the sweep reports it,
-    # the basin reads its error. Non-finite steps and a loss that never fell still count.
-    grew = (Divergence("feature_norm", 400, "ended at 2.4e+03 x its first value"),)
-    stuck = (Divergence("loss", 400, "ended at 0.95 x the input-free loss"),)
+def test_a_failed_run_with_a_finite_error_counts_at_its_own_error_as_wortsman():
+    # Wortsman et al.: v = min(l, l0) whatever the verdict; only a run without a finite error sits at
+    # l0. The failure (here seed 1's x0 criterion) decides the edge, not the value.
+    stuck = (Divergence("x0", 400, "final held-out x0 error 0.9 is not below the mean image's 0.8"),)
 
     def run(k, error, breaks):
         return SeedSummary(k, x0_error=error, x0_error_start=1.0, breaks=breaks)
 
     cells = [
         CellSummary(Cell(12, 1e-3, "none"), [run(0, 0.3, ()), run(1, 0.3, ())]),
-        CellSummary(Cell(12, 2e-2, "none"), [run(0, 0.2, grew), run(1, 0.9, stuck)]),
+        CellSummary(Cell(12, 2e-2, "none"), [run(0, 0.2, ()), run(1, 0.9, stuck)]),
     ]
     (basin,) = basins(cells)
-    assert basin.counts() == {1e-3: (0, 2), 2e-2: (1, 2)}
+    assert basin.counts() == {1e-3: (0, 2), 2e-2: (1, 2)} and basin.largest_stable_lr == 1e-3
     assert [r.kind() for r in basin.at(2e-2)] == ["ok", "diverged"]
-    assert basin.seed_sensitivity() == pytest.approx({0: 0.25 - 0.2, 1: 0.65 - 0.3})
+    assert basin.seed_sensitivity() == pytest.approx({0: 0.25 - 0.2, 1: 0.6 - 0.3})
+
+
+def test_the_edge_is_read_on_the_seeds_every_method_ran():
+    """5 seeds of none at 2e-3 (2 failed) against 1 seed of cs (trained): the edge is decided on seed 0
+    alone, where both trained; 4e-3, which cs did not run, decides nothing."""
+    none = [CellSummary(Cell(12, 1e-3, "none"), [seed(k, 0.3, 1.0) for k in range(5)])]
+    none += [CellSummary(Cell(12, 2e-3, "none"), [seed(k, 0.3, 1.0, diverged=k in (1, 4)) for k in range(5)])]
+    none += [CellSummary(Cell(12, 4e-3, "none"), [seed(0, 0.3, 1.0, diverged=True)])]
+    cs = [CellSummary(Cell(12, lr, "cs"), [seed(0, 0.3, 1.0)]) for lr in (1e-3, 2e-3)]
+    b_none, b_cs = basins(none + cs)
+    assert b_none.counts()[2e-3] == (2, 5) and b_none.deciding_counts() == {1e-3: (0, 1), 2e-3: (0, 1)}
+    assert b_none.largest_stable_lr == 2e-3 == b_cs.largest_stable_lr
+    row = basin_table([b_none, b_cs]).splitlines()[2]
+    assert row.startswith("| none | 0.002 | 0/5; 0/1 shared | 2/5; 0/1 shared | 1/1; not shared |")
 
 
 def test_the_report_section_tables_the_basin_and_says_which_cap(tmp_path):
@@ -149,14 +164,15 @@ def test_the_report_section_tables_the_basin_and_says_which_cap(tmp_path):
     assert "2 runs, the mean image's x0 error" in cap and "diagnostics.noise_levels_at_start=true" in cap
     table = parts[parts.index("### Depth 12") + 1].splitlines()
     assert table[0] == (
-        "| method | largest stable lr | diverged at 0.001 | diverged at 0.002 | diverged at 0.004 | "
+        "| method | largest stable lr | failed at 0.001 | failed at 0.002 | failed at 0.004 | "
         "LR sensitivity (EMA weights) | LR sensitivity - none (95% CI) | best error | at lr |"
     )
     none, cs = basins(study())[:2]
     mean, half = none.sensitivity()
     best_half = T2 * 0.02 / math.sqrt(3)
     assert table[2] == (
-        f"| none | 0.002 | 0/3 | 0/3 | 1/3 (+1 above ℓ0) | {mean:.3g} ± {half:.2g} (3 seeds) | baseline | "
+        f"| none | 0.002 | 0/3 | 0/3; 0/2 shared | 1/3; 1/1 shared (+1 above ℓ0) | {mean:.3g} ± {half:.2g} "
+        "(3 seeds) | baseline | "
         f"0.22 ± {best_half:.2g} | 0.002 |"
     )
     diff = cs.sensitivity()[0] - none.seed_sensitivity()[0]
@@ -350,7 +366,7 @@ def test_a_sweep_report_of_hand_written_runs_draws_the_basin_and_map_json_rebuil
     assert (
         cs["lr_sensitivity_ema"]["minus_none"]["paired"] and cs["lr_sensitivity_ema"]["minus_none"]["n"] == 2
     )
-    assert none["diverged"][2] == {"lr": 4e-3, "diverged": 2, "runs": 2}
+    assert none["failed"][2] == {"lr": 4e-3, "failed": 2, "runs": 2}
 
 
 def test_the_held_out_errors_the_basin_reads():

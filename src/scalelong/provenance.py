@@ -64,6 +64,17 @@ def device_name(device: torch.device | str) -> str:
     return cpu_name()
 
 
+def command_line() -> list[str]:
+    """The command that started this process, as a user would type it: ``scalelong ...`` for the
+    entry point and for ``python -m scalelong.cli`` alike (a pool worker started by spawn reads its
+    parent's command)."""
+    if not sys.argv or not sys.argv[0]:
+        return []
+    first = Path(sys.argv[0])
+    inside = first.name == "scalelong" or first.resolve().is_relative_to(_PACKAGE_DIR)
+    return ["scalelong" if inside else first.name, *sys.argv[1:]]
+
+
 def package_version() -> str | None:
     """The installed distribution's version (None when run from a bare source tree)."""
     try:
@@ -85,5 +96,5 @@ def provenance(precision: str, device: torch.device | str) -> dict:
         "device_name": device_name(device),
         "threads": torch.get_num_threads(),
         "host": platform.node(),
-        "argv": [Path(sys.argv[0]).name, *sys.argv[1:]] if sys.argv and sys.argv[0] else [],
+        "argv": command_line(),
     }

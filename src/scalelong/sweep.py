@@ -43,6 +43,9 @@ from scalelong.runs import RunDir, config_differences
 from scalelong.studies.basin import Basin, basin_json, basin_section, basin_table, basins, method_order
 from scalelong.studies.divergence import DEFAULT_RULE, DivergenceRule, criteria
 from scalelong.studies.length import length_section
+from scalelong.studies.mapfile import agreement_section, read_map
+from scalelong.studies.paired import paired_json, paired_section
+from scalelong.studies.provenance import provenance_section, write_runs_json
 from scalelong.studies.report import (
     digit_headers,
     digit_legend,
@@ -155,23 +158,23 @@ def _finite_or_inf(x: float) -> float:
 
 
 def stability_table(cells: Sequence[CellSummary], metric: str) -> str:
-    """Per method: the largest stable lr (no seed diverged there nor at any smaller lr tried) and
-    the best final ``metric`` among the stable lrs, mean ± 95% t-interval over its seeds."""
+    """Per method: the largest stable lr (the basin's one rule,
+    :attr:`scalelong.studies.basin.Basin.largest_stable_lr`: no shared seed failed there nor at
+    any smaller lr) and the best final ``metric`` among the lrs up to it, mean ± 95% t-interval
+    over its seeds."""
     lines = [
         f"| method | largest stable lr | best final {metric} (stable lrs) | at lr | seeds |",
         "|---|---|---|---|---|",
     ]
-    for method in sorted({c.cell.method for c in cells}, key=method_order):
-        mine = sorted((c for c in cells if c.cell.method == method), key=lambda c: c.cell.lr)
-        first_broken = next((i for i, c in enumerate(mine) if c.diverged), len(mine))
-        stable = mine[:first_broken]  # a stable lr above a diverged one is noise, not a margin
-        if not stable:
-            lines.append(f"| {method} | none: the smallest lr tried diverged | n/a | | |")
+    for b in basins(cells):
+        top = b.largest_stable_lr
+        if top is None:
+            lines.append(f"| {b.method} | none: the smallest lr that decides failed | n/a | | |")
             continue
-        top = stable[-1].cell.lr
-        largest = f"{top:g}" + (" (the largest tried)" if top == mine[-1].cell.lr else "")
+        largest = f"{top:g}" + (" (the largest tried)" if top == b.lrs[-1] else "")
+        stable = [c for c in cells if c.cell.method == b.method and c.cell.lr <= top]
         best = min(stable, key=lambda c: (_finite_or_inf(mean_ci(c.final)[0]), c.cell.lr))
-        lines.append(f"| {method} | {largest} | {fmt_ci(best.final)} | {best.cell.lr:g} | {best.count} |")
+        lines.append(f"| {b.method} | {largest} | {fmt_ci(best.final)} | {best.cell.lr:g} | {best.count} |")
     return "\n".join(lines)
 
 
@@ -193,24 +196,34 @@ def cell_table(cells: Sequence[CellSummary], metric: str, real_digits: Mapping |
     digits = has_digits(*(c.values(k) for c in cells for k in ("confident", "entropy")))
     headroom = any(math.isfinite(v) for c in cells for v in c.values("fp16_headroom"))
     extra = digit_headers(real_digits) if digits else []
-    head = ["method", "lr", "seeds", f"final {metric}", *extra, "feature-norm osc. std", "loss spikes"]
-    head += ["least fp16 headroom"] if headroom else []
+    head = ["method", "lr", "seeds", f"final {metric}", *extra, "feature growth", "feature-norm osc. std"]
+    head += ["loss spikes", *(["least fp16 headroom"] if headroom else [])]
     lines = [
-        "| " + " | ".join([*head, "diverged", "divergence rate (95% CI)"]) + " |",
+        "| " + " | ".join([*head, "failed", "failure rate (95% CI)"]) + " |",
         "|---" * (len(head) + 2) + "|",
     ]
     for c in sorted(cells, key=lambda c: (method_order(c.cell.method), c.cell.lr)):
         lo, hi = rate_interval(c.diverged, c.count)
         scores = [fmt_ci(c.values("confident"), 2), fmt_ci(c.values("entropy"), 2)] if digits else []
         row = [c.cell.method, f"{c.cell.lr:g}", str(c.count), fmt_ci(c.final), *scores]
-        row += [fmt_ci(c.values("feature_osc")), fmt_ci(c.values("spikes"))]
+        row += [
+            fmt_ci(c.values("feature_growth")),
+            fmt_ci(c.values("feature_osc")),
+            fmt_ci(c.values("spikes")),
+        ]
         row += [least_headroom(c.values("fp16_headroom"))] if headroom else []
         row.append(criteria(c.breaks))
         lines.append("| " + " | ".join(row) + f" | {c.diverged / c.count:.0%} ({lo:.0%}-{hi:.0%}) |")
     return "\n".join(lines)
 
 
-def write_map_json(cells: Sequence[CellSummary], path: Path, key: str, basin: Sequence[Basin] = ()) -> Path:
+def write_map_json(
+    cells: Sequence[CellSummary],
+    path: Path,
+    key: str,
+    basin: Sequence[Basin] = (),
+    recorded: Mapping[tuple, list[dict]] | None = None,
+) -> Path:
     """Every cell's per-seed numbers as JSON (``final`` is the final ``key``: fd or loss), with
     each value's seed, for tables and plots made elsewhere: the held-out x0 errors (EMA, trained
     weights, untrained model at step 0, mean image), each run's cap l0 of the lr basin with its
@@ -242,18 +255,28 @@ def write_map_json(cells: Sequence[CellSummary], path: Path, key: str, basin: Se
             "basin_cap_source": [r.cap_source for r in basin_runs(c)],
             "basin_value": [number(r.value("ema")) for r in basin_runs(c)],
             "basin_value_raw": [number(r.value("raw")) for r in basin_runs(c)],
+            "feature_growth": [number(x) for x in c.values("feature_growth")],
             "feature_norm_osc_std": [number(x) for x in c.values("feature_osc")],
             "loss_spikes": [number(x) for x in c.values("spikes")],
             "fp16_headroom_least": [number(x) for x in c.values("fp16_headroom")],
             "digits_confident": [number(x) for x in c.values("confident")],
             "digits_entropy": [number(x) for x in c.values("entropy")],
-            "diverged": [
+            "failed": [
                 [{"criterion": d.criterion, "step": d.step, "detail": d.detail} for d in b] for b in c.breaks
             ],
+            **(
+                {
+                    "recorded_criteria": [
+                        recorded.get((c.cell.depth, c.cell.lr, c.cell.method, s), []) for s in c.seeds
+                    ]
+                }
+                if recorded
+                else {}
+            ),
         }
         for c in sorted(cells, key=lambda c: (c.cell.depth or 0, method_order(c.cell.method), c.cell.lr))
     ]
-    data = {"metric": key, "cells": rows}
+    data = {"metric": key, "rule": DEFAULT_RULE.describe(), "cells": rows, "paired": paired_json(cells)}
     if basin:
         data |= {"basin_weights": "ema (lr_sensitivity_raw: the trained weights)", "basin": basin_json(basin)}
     write_text_atomic(path, json.dumps(data, indent=1) + "\n")
@@ -323,7 +346,7 @@ def gap_table(cells: Sequence[CellSummary], metric: str) -> str:
     by = {c.cell: c for c in cells}
     x0 = any(math.isfinite(e) for c in cells for e in c.values("x0_error"))
     lines = [
-        "| depth | lr | method | feature norm / none (95% CI) | diverged vs none (Fisher p) "
+        "| depth | lr | method | feature norm / none (95% CI) | failed vs none (Fisher p) "
         f"| final {metric} - none (95% CI) |" + (" held-out x0 error - none (95% CI) |" if x0 else ""),
         "|---|---|---|---|---|---|" + ("---|" if x0 else ""),
     ]
@@ -410,34 +433,44 @@ def fig1_section(
 
 def write_sweep_report(
     base: Config,
-    runs: Mapping[Cell, Sequence[StudyRun]],
+    runs: Mapping[Cell, Sequence[StudyRun]] | None,
     sweep_dir: Path,
     failed: Sequence[StudyRun] = (),
     rule: DivergenceRule = DEFAULT_RULE,
     fig1_lr: float | None = None,
+    cells: Sequence[CellSummary] | None = None,
+    extra: Sequence[str] = (),
+    recorded: Mapping[tuple, list[dict]] | None = None,
 ) -> tuple[Path, str]:
     """report.md, one heatmap per depth, the paper's Fig. 1 by depth at ``fig1_lr`` (None: the
-    smallest lr; :func:`fig1_section`) and report.html in ``sweep_dir``; returns the path of
-    report.md and the stability tables (markdown)."""
+    smallest lr; :func:`fig1_section`), report.html, map.json and runs.json in ``sweep_dir``; returns
+    the path of report.md and the stability tables (markdown). Without ``runs`` (their folders are
+    gone), from ``cells`` alone (:func:`scalelong.studies.mapfile.read_map`): the sections that need
+    the runs' records (Fig. 1, the gap by length, runs.json) are left out, and ``extra`` sections
+    (what the map lacks, the agreement of rules) follow the tables."""
     sweep_dir.mkdir(parents=True, exist_ok=True)
     key, metric = (names.FD, f"FD ({base.eval.metric})") if base.eval.every > 0 else (names.LOSS, "loss")
-    cells = summarise_cells(runs, key)
+    if cells is None:
+        cells = summarise_cells(runs or {}, key)
     seeds = [c.count for c in cells]
     methods = sorted({c.cell.method for c in cells}, key=method_order)
     parts = [
         f"# ScaleLong stability map: {', '.join(methods)}",
         f"{base.model.type}, data {base.data.name}, {base.train.steps} steps, batch "
-        f"{base.train.batch_size}, warm-up {base.optim.warmup_steps} steps; {len(runs)} cells with "
+        f"{base.train.batch_size}, warm-up {base.optim.warmup_steps} steps; {len(cells)} cells with "
         f"{_span(seeds)} seed(s) each: every finished run of this config in this folder. The colour is "
         f"the final {metric}, mean over seeds (lower is better); values are means ± the half-width of "
-        "a 95% t-interval. A learning rate is **stable** for a method when no seed diverged there or at "
-        "any smaller learning rate tried.",
+        "a 95% t-interval. A learning rate is **stable** for a method when no seed failed there or at "
+        "any smaller learning rate, counted on the seeds every method ran at that lr.",
         rule.describe(),
     ]
+    if runs is not None:
+        parts += provenance_section(runs)
     if min(seeds, default=0) < 5:
         parts.append(seeds_note(min(seeds, default=0)))
     if has_digits(*(c.values("confident") for c in cells)):
         parts.append(digit_legend())
+    parts += extra
     tables = []
     for depth in sorted({c.cell.depth for c in cells}, key=lambda d: d or 0):
         mine = [c for c in cells if c.cell.depth == depth]
@@ -453,7 +486,7 @@ def write_sweep_report(
         parts += [
             "## The gap to `none`, by depth",
             "Each method against `none` in the same depth and lr. The paper says the gap grows with "
-            "depth: a feature-norm ratio further below 1, fewer divergences, a lower final "
+            "depth: a feature-norm ratio further below 1, fewer failures, a lower final "
             f"{metric} in the deeper rows. The last logged hidden-feature norm of each seed enters "
             "as a geometric mean. Ratios and differences are paired by seed over the seeds both "
             "cells ran (a seed gives every method the same batches and noise and, but for LS's gates, "
@@ -465,6 +498,7 @@ def write_sweep_report(
             "(difference) is no evidence of a gap.",
             gaps,
         ]
+    parts += paired_section(cells)
     basin_parts, found = basin_section(cells, sweep_dir)
     parts += basin_parts
     for depth in sorted({b.depth for b in found}, key=lambda d: d or 0):
@@ -472,13 +506,16 @@ def write_sweep_report(
         if len(mine[0].grid) > 1 and any(b.logged("ema") for b in mine):
             label = "lr basin" + ("" if depth is None else f", depth {depth}")
             tables.append(f"{label}:\n\n{basin_table(mine)}")
-    parts += fig1_section(runs, sweep_dir, fig1_lr)
-    if (lr := figure_lr(runs, fig1_lr)) is not None:
-        parts += length_section(runs, sweep_dir, lr)
-    broken = broken_runs([r for rs in runs.values() for r in rs] + list(failed))
-    if broken:
-        parts += ["## Runs that diverged or failed", "\n".join(broken)]
-    write_map_json(cells, sweep_dir / "map.json", key, found if len({c.cell.lr for c in cells}) > 1 else ())
+    if runs is not None:
+        parts += fig1_section(runs, sweep_dir, fig1_lr)
+        if (lr := figure_lr(runs, fig1_lr)) is not None:
+            parts += length_section(runs, sweep_dir, lr)
+        broken = broken_runs([r for rs in runs.values() for r in rs] + list(failed))
+        if broken:
+            parts += ["## Runs that failed", "\n".join(broken)]
+        write_runs_json(base, runs, sweep_dir / "runs.json")
+    basin = found if len({c.cell.lr for c in cells}) > 1 else ()
+    write_map_json(cells, sweep_dir / "map.json", key, basin, recorded)
     report = write_markdown_report("\n\n".join(parts) + "\n", sweep_dir, "ScaleLong stability map")
     return report, "\n\n".join(tables)
 
@@ -520,12 +557,33 @@ def run_sweep(
 
 
 def report_sweep(
-    base: Config, sweep_dir: Path, rule: DivergenceRule = DEFAULT_RULE, fig1_lr: float | None = None
+    base: Config,
+    sweep_dir: Path,
+    rule: DivergenceRule = DEFAULT_RULE,
+    fig1_lr: float | None = None,
+    warn=print,
 ) -> Path:
     """Write the report of every finished run of ``base`` in ``sweep_dir`` without training:
-    after a sweep that was cut short (a time limit, a crash), the map of what finished. Returns
-    the path of report.md."""
+    after a sweep that was cut short (a time limit, a crash), the map of what finished. Where the
+    run folders are gone but the sweep's map.json is there, the report is made from it
+    (:func:`scalelong.studies.mapfile.read_map`, judged by today's rule), with one line through
+    ``warn`` naming what the file lacks. Returns the path of report.md."""
     runs = collect(base, sweep_dir / "runs", rule)
-    if not runs:
+    if runs:
+        return write_sweep_report(base, runs, sweep_dir, rule=rule, fig1_lr=fig1_lr)[0]
+    saved = sweep_dir / "map.json"
+    if not saved.is_file():
         raise ScaleLongError(f"{sweep_dir / 'runs'} holds no finished run of this config: nothing to report")
-    return write_sweep_report(base, runs, sweep_dir, rule=rule, fig1_lr=fig1_lr)[0]
+    cells, lacking, recorded = read_map(saved)
+    extra = agreement_section(cells, recorded)
+    if lacking:
+        said = ", ".join(lacking)
+        warn(f"{saved}: no run folders, a map.json of an older format without {said}; reported without them")
+        extra = [
+            f"Made from `map.json` alone (the run folders are not here); it lacks {said}, so the figures "
+            "over steps and the runs' provenance are left out.",
+            *extra,
+        ]
+    return write_sweep_report(
+        base, None, sweep_dir, rule=rule, fig1_lr=fig1_lr, cells=cells, extra=extra, recorded=recorded
+    )[0]

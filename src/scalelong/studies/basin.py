@@ -5,17 +5,23 @@ sensitivity**, the mean over the lr grid of the gap between the error at each lr
 error on the grid, where the untrained model's error caps every lr's value.
 
 Per run (one seed s at one lr eta of one method and depth), with l the final held-out x0 error
-(:func:`~scalelong.studies.summary.heldout_x0_error`; the EMA's unless told) and l0 the untrained
-model's (:func:`cap_of`):
+(:func:`~scalelong.studies.heldout.heldout_x0_error`; the EMA's unless told) and l0 the untrained
+model's error of the same seed (:func:`cap_of`):
 
-    v_s(eta) = l0                     if the run diverged or its error is not finite
-             = min(l_s(eta), l0)      otherwise                               (:func:`capped_error`)
+    v_s(eta) = min(l_s(eta), l0)      (l0 where l is not finite or was not logged by a failed run)
+                                                                              (:func:`capped_error`)
     LRS_s    = mean over eta of v_s(eta) - min over eta of v_s(eta)           (:func:`lr_sensitivity`)
 
 over the depth's lr grid (every lr any method trained at that depth, so that every method is
-averaged over the same lrs); a seed enters only where it has a value at every lr of the grid. The
-LR sensitivity of a method is the mean of LRS_s over those seeds with a 95% t-interval; its
-difference to the baseline's is :func:`~scalelong.studies.statistics.contrast`, paired by seed.
+averaged over the same lrs, each lr weighing the same); a seed enters only where it has a value at
+every lr of the grid. The LR sensitivity of a method is the mean of LRS_s over those seeds with a
+95% t-interval; its difference to the baseline's is
+:func:`~scalelong.studies.statistics.contrast`, paired by seed.
+
+Whether a run failed is the study's one rule (:mod:`scalelong.studies.divergence`). The **largest
+stable lr** is read only from the seeds that every method of the depth ran at an lr (the shared
+seeds): an lr where the methods ran different seeds is decided on the seeds they share, and one
+that some method did not run decides nothing, so that no edge comes from a seed count.
 
 Nothing here assumes a backbone: a cell's depth is None for a network without one.
 """
@@ -47,24 +53,19 @@ CAP_SOURCES = {
 }
 
 
-# What counts as diverged in the basin: the run stopped on non-finite steps or its loss never fell below
-# the input-free loss. Not the sweep's feature-growth criterion: at a constant lr the hidden features of
-# runs that still train can grow 100x and more, and the capped error already charges a run that ends
-# worse than the untrained model at that model's error.
-BASIN_CRITERIA = ("nonfinite", "loss")
-
-
 def method_order(method: str) -> tuple[int, str]:
     """The methods in the order of :data:`scalelong.skips.METHODS` (``none`` first), others after."""
     return (METHODS.index(method) if method in METHODS else len(METHODS), method)
 
 
-def capped_error(error: float, initial: float, diverged: bool) -> float:
-    """v = l0 for a diverged run or one whose error is not finite (inf), else min(l, l0); NaN
-    where the run logged no error (NaN) and did not diverge, or where l0 is unknown."""
+def capped_error(error: float, initial: float, failed: bool = False) -> float:
+    """Wortsman et al.'s v = min(l, l0), whether or not the run counts as failed: l0 where the error
+    is not finite (inf: the model's output was not), or where a failed run logged none (a run
+    stopped on non-finite steps measures nothing after); NaN where a run that trained logged no
+    error, or where l0 is unknown."""
     if not math.isfinite(initial):
         return math.nan
-    if diverged or error == math.inf:
+    if error == math.inf or (failed and math.isnan(error)):
         return initial
     return min(error, initial) if math.isfinite(error) else math.nan
 
@@ -78,9 +79,9 @@ def lr_sensitivity(values: Sequence[float]) -> float:
 
 
 def largest_stable_lr(counts: Mapping[float, tuple[int, int]]) -> float | None:
-    """The largest lr at which no seed diverged, nor at any smaller lr tried (``counts[lr]``:
-    diverged k of n runs): a stable lr above a diverged one is luck, not margin. None when the
-    smallest lr tried diverged."""
+    """The largest lr at which no seed failed, nor at any smaller lr that decides (``counts[lr]``:
+    failed k of n runs, on the seeds every compared method ran there): a stable lr above a failed
+    one is luck, not margin. None when the smallest lr failed."""
     stable = None
     for lr in sorted(counts):
         if counts[lr][0]:
@@ -100,15 +101,15 @@ class BasinRun:
     ]  # final held-out x0 error per weights ("ema", "raw"); NaN not logged, inf not finite
     cap: float  # l0, the untrained model's error (NaN: none found)
     cap_source: str  # a key of CAP_SOURCES ("" where none was found)
-    diverged: bool  # by the sweep's divergence rule, its feature-growth criterion aside (BASIN_CRITERIA)
+    diverged: bool  # failed, by the study's one rule (scalelong.studies.divergence)
 
     def value(self, weights: str = "ema") -> float:
         """The capped error v the LR sensitivity reads (:func:`capped_error`)."""
         return capped_error(self.error.get(weights, math.nan), self.cap, self.diverged)
 
     def kind(self, weights: str = "ema") -> str:
-        """``diverged``; ``capped``: healthy by the divergence rule but worse than the untrained
-        model (or not finite), so it counts as l0; ``ok``; ``missing``: no value."""
+        """``diverged``: failed by the rule; ``capped``: trained by the rule but worse than the
+        untrained model, so it counts at l0; ``ok``; ``missing``: no value."""
         if self.diverged:
             return "diverged"
         e = self.error.get(weights, math.nan)
@@ -125,6 +126,7 @@ class Basin:
     method: str
     grid: tuple[float, ...]  # every lr any method trained at this depth, ascending
     runs: list[BasinRun] = field(default_factory=list)
+    shared: Mapping[float, frozenset] = field(default_factory=dict)  # per lr: the seeds every method ran
 
     def at(self, lr: float) -> list[BasinRun]:
         return [r for r in self.runs if r.lr == lr]
@@ -135,12 +137,24 @@ class Basin:
         return sorted({r.lr for r in self.runs})
 
     def counts(self) -> dict[float, tuple[int, int]]:
-        """Per lr it trained: (diverged, runs)."""
+        """Per lr it trained: (failed, runs), over every seed it ran there."""
         return {lr: (sum(r.diverged for r in self.at(lr)), len(self.at(lr))) for lr in self.lrs}
+
+    def deciding_counts(self) -> dict[float, tuple[int, int]]:
+        """Per lr that decides an edge: (failed, runs) over the seeds every method of the depth ran
+        there (:attr:`shared`); an lr without such seeds is left out."""
+        out = {}
+        for lr in self.lrs:
+            seeds = self.shared.get(lr, frozenset())
+            runs = [r for r in self.at(lr) if r.seed in seeds]
+            if runs:
+                out[lr] = (sum(r.diverged for r in runs), len(runs))
+        return out
 
     @property
     def largest_stable_lr(self) -> float | None:
-        return largest_stable_lr(self.counts())
+        """:func:`largest_stable_lr` over the shared seeds (:meth:`deciding_counts`)."""
+        return largest_stable_lr(self.deciding_counts())
 
     def seed_values(self, weights: str = "ema") -> dict[int | None, dict[float, float]]:
         """Per seed, its capped value at each lr it has one (:meth:`BasinRun.value`)."""
@@ -241,8 +255,14 @@ def basins(cells: Sequence[CellSummary]) -> list[Basin]:
         for j, r in enumerate(c.runs):
             cap, source = caps[i, j]
             error = {w: getattr(r, key) for w, key in _ERROR.items()}
-            broke = any(b.criterion in BASIN_CRITERIA for b in r.breaks)
-            basin.runs.append(BasinRun(c.cell.lr, r.seed, error, cap, source, broke))
+            basin.runs.append(BasinRun(c.cell.lr, r.seed, error, cap, source, bool(r.breaks)))
+    for depth, lrs in grids.items():  # the seeds every method of the depth ran, per lr
+        mine = [b for (d, _), b in found.items() if d == depth]
+        for lr in lrs:
+            ran = [frozenset(r.seed for r in b.at(lr) if r.seed is not None) for b in mine]
+            shared = frozenset.intersection(*ran) if ran else frozenset()
+            for b in mine:
+                b.shared = {**b.shared, lr: shared}
     return sorted(found.values(), key=lambda b: (-1 if b.depth is None else b.depth, method_order(b.method)))
 
 
@@ -254,12 +274,20 @@ def _lr(lr: float | None) -> str:
 
 
 def _count(basin: Basin, lr: float, weights: str) -> str:
-    """``1/3`` diverged at ``lr``, ``+1 above l0`` for healthy runs counted at the cap; blank: not run."""
+    """``1/3`` failed at ``lr`` over every seed run; where the methods ran other seeds, the count on
+    the shared seeds that decides the edge (``; 0/1 shared``) or that it decides nothing (``; not
+    shared``); ``+1 above l0`` for runs that trained but count at the cap; blank: not run."""
     runs = basin.at(lr)
     if not runs:
         return ""
     above = sum(r.kind(weights) == "capped" for r in runs)
-    return f"{sum(r.diverged for r in runs)}/{len(runs)}" + (f" (+{above} above ℓ0)" if above else "")
+    text = f"{sum(r.diverged for r in runs)}/{len(runs)}"
+    deciding = basin.deciding_counts().get(lr)
+    if deciding is None:
+        text += "; not shared"
+    elif deciding[1] != len(runs):
+        text += f"; {deciding[0]}/{deciding[1]} shared"
+    return text + (f" (+{above} above ℓ0)" if above else "")
 
 
 def _sensitivity(basin: Basin, weights: str) -> str:
@@ -277,7 +305,7 @@ def basin_table(found: Sequence[Basin], weights: str = "ema") -> str:
     grid = found[0].grid
     raw = weights == "ema" and any(b.logged("raw") for b in found)
     base = found[0]
-    head = ["method", "largest stable lr", *(f"diverged at {lr:g}" for lr in grid)]
+    head = ["method", "largest stable lr", *(f"failed at {lr:g}" for lr in grid)]
     head += [
         f"LR sensitivity ({WEIGHTS[weights]})",
         f"LR sensitivity - {base.method} (95% CI)",
@@ -359,24 +387,27 @@ def basin_section(cells: Sequence[CellSummary], sweep_dir: Path) -> tuple[list[s
         "error (256 fixed held-out images, mean over the 11 noise levels, `noise/x0_mse@L`) against the "
         "lr on a log axis, one panel per depth, one line per method: the mean over the seeds that ran "
         "each lr of the capped error, the value the LR sensitivity reads; each seed is a point. A run "
-        "that diverged (x) and one that ended worse than the untrained model (triangle) count as the "
-        "untrained model's error ℓ0 and are drawn there; the dotted line of each method is its ℓ0 (mean "
-        "over its runs)."
+        "that failed by the rule above is an x, one that trained but ended worse than the untrained "
+        "model a triangle at the untrained model's error ℓ0; the dotted line of each method is its ℓ0 "
+        "(mean over its runs)."
         + (
             " The bottom row is the trained weights (`noise/raw/x0_mse@L`), the top the EMA's."
             if len(rows) > 1
             else ""
         ),
         f"![the lr basin]({png.name})",
-        "**LR sensitivity** (Wortsman et al.): per seed, over the lr grid of the depth (every lr a "
-        "method trained there), the mean of v(lr) = min(ℓ(lr), ℓ0) (ℓ0 where the run diverged) less "
-        "the grid's minimum of v (diverged: non-finite steps or a loss that never fell below the "
-        "input-free loss; the feature norm's growth alone does not count here); the table gives its "
-        "mean over the seeds that have a value at every lr of the grid, ± the half-width of a 95% "
-        "t-interval, and its difference to the first "
-        "method's, paired by seed. A wider basin reads as a larger largest stable lr and a smaller "
-        "LR sensitivity. **Largest stable lr**: no seed diverged there nor at any smaller lr tried. "
-        "**Best error**: the lowest mean capped error over the grid (EMA weights) and its lr.",
+        "**LR sensitivity**, as Wortsman et al. define it: per seed s, over the lr grid G of the depth "
+        "(every lr a method trained there, each weighing the same), LRS_s = mean over G of "
+        "v_s(lr) - min over G of v_s(lr), with v_s(lr) = min(ℓ_s(lr), ℓ0_s), ℓ the final held-out x0 "
+        "error and ℓ0_s the untrained model's of that seed (ℓ0 where ℓ is not finite; a run that "
+        "failed but ended finite counts at its own error, as in the paper). The table gives the mean "
+        "of LRS_s over the seeds that ran every lr of the grid, ± the half-width of a 95% t-interval, "
+        "with their number, and its difference to the first method's, paired by seed. A wider basin "
+        "reads as a larger largest stable lr and a smaller LR sensitivity. **Largest stable lr**: no "
+        "seed failed there nor at any smaller lr, counted only on the seeds that every method ran at "
+        "that lr (k/n shared in the cell where they differ from all its runs; an lr that some method "
+        "did not run decides nothing): no edge comes from a difference in seed counts. **Best "
+        "error**: the lowest mean capped error over the grid (EMA weights) and its lr.",
         cap_note(found),
     ]
     for depth in sorted({b.depth for b in found}, key=lambda d: -1 if d is None else d):
@@ -407,7 +438,11 @@ def basin_json(found: Sequence[Basin]) -> list[dict]:
             "depth": b.depth,
             "method": b.method,
             "lrs": list(b.grid),
-            "diverged": [{"lr": lr, "diverged": k, "runs": n} for lr, (k, n) in b.counts().items()],
+            "failed": [{"lr": lr, "failed": k, "runs": n} for lr, (k, n) in b.counts().items()],
+            "deciding": [
+                {"lr": lr, "failed": k, "runs": n, "seeds": sorted(b.shared[lr])}
+                for lr, (k, n) in b.deciding_counts().items()
+            ],
             "largest_stable_lr": b.largest_stable_lr,
         }
         for w in WEIGHTS:

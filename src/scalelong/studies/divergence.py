@@ -1,7 +1,10 @@
-"""The divergence rule: whether and how a run of a study broke, judged from its logged records.
+"""The failure rule: whether and how a run of a study failed, judged from its logged records.
 
-A run that diverges is a result, never an abort: a study finishes its other runs and reports
-which criterion fired for each run that broke, at which step, with the numbers.
+One rule for every table, figure and number of a study: a run fails when it ends on non-finite steps
+or when its final held-out denoising error is no better than predicting the mean image (the loss
+judges only a run that measured no held-out error). A failed run is a result, never an abort: a
+study finishes its other runs and reports which criterion fired for each run that failed, at which
+step, with the numbers.
 """
 
 from __future__ import annotations
@@ -13,6 +16,7 @@ from dataclasses import dataclass
 
 from scalelong import metric_names as names
 from scalelong.plots import Records, as_float, series
+from scalelong.studies.heldout import heldout_x0_error
 
 
 @dataclass(frozen=True)
@@ -22,21 +26,22 @@ class DivergenceRule:
     loss_fraction: float = 0.8  # (b) the loss must end below this fraction of the input-free loss
     start_points: int = 3  # (b) runs without loss_input_free: the start is the mean of this many first losses
     smooth: int = 3  # (b) trailing mean over this many logged losses
-    feature_growth: float = 100.0  # (c) the hidden-feature norm may end at most this multiple of its first
 
     def describe(self) -> str:
         """The rule in one paragraph, with its thresholds (for reports)."""
         return (
-            "A run counts as **diverged** when (a) *nonfinite*: it stopped on non-finite steps "
+            "A run **failed** when (a) *nonfinite*: it stopped on non-finite steps "
             "(train.max_nonfinite_steps in a row), or its last logged steps were all non-finite; or "
-            f"(b) *loss*: its loss, averaged over its last {self.smooth} logged values, does not end below "
-            f"{self.loss_fraction:g} x the input-free loss over the same steps (`loss_input_free`: the loss "
-            "of the best output that ignores the noisy input): the network has learnt nothing from its "
-            "input or has collapsed back, though no step is non-finite (runs logged without "
-            f"`loss_input_free`: its smoothed loss after warm-up never falls below {self.loss_fraction:g} x "
-            f"the mean of its first {self.start_points} logged losses); or (c) *feature_norm*: its "
-            "hidden-feature norm ends non-finite or above "
-            f"{self.feature_growth:g} x its first logged value. Loss spikes are counted, not divergence."
+            "(x0) *x0*: its final held-out x0 error (the EMA's, on the fixed held-out images averaged over "
+            "the noise levels, `noise/x0_mse@L`) is not finite or not below the mean image's error on the "
+            "same images (`noise/x0_mse_mean_image`): the model denoises no better than predicting the "
+            "average digit, whatever its loss did. Only a run that logged no held-out error is judged by "
+            f"its loss instead, (b) *loss*: the mean of its last {self.smooth} logged losses does not end "
+            f"below {self.loss_fraction:g} x the input-free loss over the same steps (`loss_input_free`: "
+            "the loss of the best output that ignores the noisy input; runs logged without it: its "
+            f"smoothed loss after warm-up never falls below {self.loss_fraction:g} x the mean of its "
+            f"first {self.start_points} logged losses). Loss spikes and the growth of the hidden features "
+            "are reported, not failures."
         )
 
 
@@ -47,7 +52,7 @@ DEFAULT_RULE = DivergenceRule()
 class Divergence:
     """One criterion of :func:`divergence` that fired."""
 
-    criterion: str  # nonfinite | loss | feature_norm
+    criterion: str  # nonfinite | x0 | loss
     step: int  # where it showed
     detail: str  # one line, with the numbers
 
@@ -59,73 +64,120 @@ def _trailing_mean(values: Sequence[float], window: int) -> list[float]:
     return [statistics.fmean(values[max(0, i - window + 1) : i + 1]) for i in range(len(values))]
 
 
+def _nonfinite(records: Records, stopped: Mapping | None) -> Divergence | None:
+    """(a): stopped by the non-finite policy, or its last logged steps all non-finite."""
+    if stopped:
+        return Divergence("nonfinite", int(stopped["step"]), "stopped on non-finite steps in a row")
+    logged = [r for r in records if "nonfinite_steps" in r]
+    if (
+        logged
+        and as_float(logged[-1]["nonfinite_steps"]) > 0
+        and not math.isfinite(as_float(logged[-1].get(names.LOSS)))
+    ):
+        return Divergence("nonfinite", int(logged[-1]["step"]), "its last logged steps were all non-finite")
+    return None
+
+
+def _x0(records: Records) -> Divergence | None:
+    """(x0): the final held-out x0 error (EMA) not finite or not below the mean image's."""
+    error, step = heldout_x0_error(records), last_probe_step(records)
+    mean_image = next(
+        (v for r in reversed(records) if math.isfinite(v := as_float(r.get(names.X0_MEAN_IMAGE)))), math.nan
+    )
+    if math.isnan(error) or step is None:
+        return None
+    if error == math.inf:
+        return Divergence("x0", step, "its final held-out x0 error is not finite")
+    if math.isfinite(mean_image) and not error < mean_image:
+        return Divergence(
+            "x0",
+            step,
+            f"final held-out x0 error {error:.3g} is not below the mean image's {mean_image:.3g}",
+        )
+    return None
+
+
+def _loss(records: Records, warmup_steps: int, rule: DivergenceRule) -> Divergence | None:
+    """(b), for runs without a held-out error: the loss against the input-free loss, or its start."""
+    losses = [(s, v) for s, v in zip(*series(records, names.LOSS), strict=True) if math.isfinite(v)]
+    free = dict(zip(*series(records, "loss_input_free"), strict=True))
+    if free:  # judged past warm-up: a run still in warm-up has not had its chance
+        paired = [
+            (s, v, free[s]) for s, v in losses if s > warmup_steps and math.isfinite(free.get(s, math.nan))
+        ]
+        if not paired:
+            return None
+        tail = paired[-rule.smooth :]
+        loss = statistics.fmean(v for _, v, _ in tail)
+        reference = statistics.fmean(f for _, _, f in tail)
+        if loss < rule.loss_fraction * reference:
+            return None
+        return Divergence(
+            "loss",
+            tail[-1][0],
+            f"loss ends at {loss:.3g}, {loss / reference:.2f} x the input-free loss "
+            f"{reference:.3g} (limit {rule.loss_fraction:g} x)",
+        )
+    if len(losses) < rule.start_points:
+        return None
+    start = statistics.fmean(v for _, v in losses[: rule.start_points])
+    after = [(s, v) for s, v in losses if s > warmup_steps]
+    smoothed = _trailing_mean([v for _, v in after], rule.smooth)
+    judged = [(s, v) for (s, _), v in zip(after, smoothed, strict=True)]
+    lowest = min((v for _, v in judged), default=math.nan)
+    if not judged or lowest < rule.loss_fraction * start:
+        return None
+    detail = f"smoothed loss never fell below {rule.loss_fraction:g} x its start {start:.3g}"
+    return Divergence("loss", judged[-1][0], f"{detail} (lowest after warm-up {lowest:.3g})")
+
+
 def divergence(
     records: Records,
     stopped: Mapping | None = None,
     warmup_steps: int = 0,
     rule: DivergenceRule = DEFAULT_RULE,
 ) -> list[Divergence]:
-    """Whether and how a run diverged, judged from its logged records: every criterion of ``rule``
-    that fires (see :meth:`DivergenceRule.describe`), in the order (a) nonfinite, (b) loss,
-    (c) feature_norm; an empty list for a healthy run.
+    """Whether and how a run failed, judged from its logged records (:meth:`DivergenceRule.describe`):
+    (a) nonfinite, then (x0) where the run logged a held-out x0 error after step 0, else (b) loss;
+    an empty list for a run that trained.
 
     ``stopped`` is the ``stopped`` entry of the run's summary.json (the non-finite policy ended
-    it there). A criterion without data is not judged: (b) needs ``rule.start_points`` finite
-    losses and one logged after ``warmup_steps``, (c) needs ``feature_norm`` (``diagnostics.every``).
+    it there): such a run is judged by (a) alone. A criterion without data is not judged: (b)
+    needs ``rule.start_points`` finite losses and one logged after ``warmup_steps``.
     """
-    found = []
-    logged = [r for r in records if "nonfinite_steps" in r]
-    if stopped:
-        found.append(Divergence("nonfinite", int(stopped["step"]), "stopped on non-finite steps in a row"))
-    elif (
-        logged
-        and as_float(logged[-1]["nonfinite_steps"]) > 0
-        and not math.isfinite(as_float(logged[-1].get(names.LOSS)))
-    ):
-        found.append(
-            Divergence("nonfinite", int(logged[-1]["step"]), "its last logged steps were all non-finite")
-        )
-    losses = [(s, v) for s, v in zip(*series(records, names.LOSS), strict=True) if math.isfinite(v)]
-    free = dict(zip(*series(records, "loss_input_free"), strict=True))
-    if free:  # judged past warm-up, on runs not stopped: a run cut short has not had its chance
-        paired = [
-            (s, v, free[s]) for s, v in losses if s > warmup_steps and math.isfinite(free.get(s, math.nan))
-        ]
-        if paired and not stopped:
-            tail = paired[-rule.smooth :]
-            loss = statistics.fmean(v for _, v, _ in tail)
-            reference = statistics.fmean(f for _, _, f in tail)
-            if not loss < rule.loss_fraction * reference:
-                found.append(
-                    Divergence(
-                        "loss",
-                        tail[-1][0],
-                        f"loss ends at {loss:.3g}, {loss / reference:.2f} x the input-free loss "
-                        f"{reference:.3g} (limit {rule.loss_fraction:g} x)",
-                    )
-                )
-    elif len(losses) >= rule.start_points:
-        start = statistics.fmean(v for _, v in losses[: rule.start_points])
-        after = [(s, v) for s, v in losses if s > warmup_steps]
-        smoothed = _trailing_mean([v for _, v in after], rule.smooth)
-        judged = [(s, v) for (s, _), v in zip(after, smoothed, strict=True)]
-        lowest = min((v for _, v in judged), default=math.nan)
-        if judged and lowest >= rule.loss_fraction * start:
-            detail = f"smoothed loss never fell below {rule.loss_fraction:g} x its start {start:.3g}"
-            found.append(Divergence("loss", judged[-1][0], f"{detail} (lowest after warm-up {lowest:.3g})"))
+    if (stopped_here := _nonfinite(records, stopped)) and stopped:
+        return [stopped_here]
+    found = [stopped_here] if stopped_here else []
+    held_out = last_probe_step(records) is not None
+    quality = _x0(records) if held_out else _loss(records, warmup_steps, rule)
+    return found + ([quality] if quality else [])
+
+
+def last_probe_step(records: Records) -> int | None:
+    """The step of the last held-out x0 probe after step 0 (None: the run logged none)."""
+
+    def probed(r: Mapping) -> bool:
+        return any((p := names.parse_noise(k)) and p[0] == "x0" for k in r)
+
+    return next((int(r["step"]) for r in reversed(records) if int(r["step"]) > 0 and probed(r)), None)
+
+
+def feature_growth(records: Records, warmup_steps: int) -> float:
+    """The last hidden-feature norm over its value at the end of warm-up (the first logged at or
+    after ``warmup_steps``; the first logged at all when warm-up outlasts the log): growth measured
+    from a point that depends neither on how often the norm is logged nor on the lr. inf where the
+    last norm is not finite; NaN where the run logged none."""
     steps, norms = series(records, names.FEATURE_NORM)
-    first = next((v for v in norms if math.isfinite(v)), None)
-    if first is not None and not norms[-1] <= rule.feature_growth * first:  # NaN fails <= too
-        at = next(s for s, v in zip(steps, norms, strict=True) if not v <= rule.feature_growth * first)
-        found.append(
-            Divergence(
-                "feature_norm",
-                at,
-                f"hidden-feature norm ends at {norms[-1]:.3g}, {norms[-1] / first:.3g} x its first "
-                f"{first:.3g} (limit {rule.feature_growth:g} x)",
-            )
-        )
-    return found
+    if not norms:
+        return math.nan
+    reference = next(
+        (v for s, v in zip(steps, norms, strict=True) if s >= warmup_steps and math.isfinite(v)), None
+    )
+    if reference is None:
+        reference = next((v for v in norms if math.isfinite(v)), None)
+    if reference is None or reference <= 0:
+        return math.nan
+    return norms[-1] / reference if math.isfinite(norms[-1]) else math.inf
 
 
 def criteria(breaks: Iterable[Sequence[Divergence]]) -> str:

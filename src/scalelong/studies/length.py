@@ -15,8 +15,9 @@ from pathlib import Path
 
 from scalelong.plots import plot_fig1_by_depth
 from scalelong.studies.basin import method_order
+from scalelong.studies.heldout import heldout_x0_series
 from scalelong.studies.statistics import contrast, fmt_ci, fmt_contrast
-from scalelong.studies.summary import Cell, StudyRun, heldout_x0_series
+from scalelong.studies.summary import Cell, StudyRun
 
 KEY = "heldout_x0"  # the probe's level-mean, as records of its own for the figure
 

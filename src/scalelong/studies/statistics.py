@@ -146,3 +146,32 @@ def rate_interval(k: int, n: int) -> tuple[float, float]:
 def fisher_p(k_a: int, n_a: int, k_b: int, n_b: int) -> float:
     """Two-sided Fisher exact p of ``k_a`` of ``n_a`` runs diverged against ``k_b`` of ``n_b``."""
     return float(_stats().fisher_exact([[k_a, n_a - k_a], [k_b, n_b - k_b]]).pvalue)
+
+
+@dataclass(frozen=True)
+class PairedOutcomes:
+    """Failure of a method against its baseline over the seeds both ran: the paired 2x2 table."""
+
+    both: int  # seeds where both failed
+    only_baseline: int  # the baseline failed, the method trained: a rescue
+    only_method: int  # the method failed, the baseline trained
+    neither: int  # both trained
+
+    @property
+    def n(self) -> int:
+        return self.both + self.only_baseline + self.only_method + self.neither
+
+    @property
+    def p(self) -> float:
+        """The exact McNemar test, two-sided: the discordant seeds as a binomial(b + c, 1/2)."""
+        discordant = self.only_baseline + self.only_method
+        if not discordant:
+            return 1.0
+        return float(_stats().binomtest(self.only_baseline, discordant, 0.5).pvalue)
+
+
+def paired_outcomes(failed: dict[int, bool], baseline: dict[int, bool]) -> PairedOutcomes:
+    """The paired 2x2 table of two sides' failures (``failed[seed]``) over the seeds both ran."""
+    shared = [s for s in failed if s in baseline]
+    count = {(a, b): sum(failed[s] == a and baseline[s] == b for s in shared) for a in (0, 1) for b in (0, 1)}
+    return PairedOutcomes(count[1, 1], count[0, 1], count[1, 0], count[0, 0])

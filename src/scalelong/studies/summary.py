@@ -21,7 +21,8 @@ from scalelong import metric_names as names
 from scalelong.errors import ScaleLongError
 from scalelong.plots import Records, as_float, load_metrics, series
 from scalelong.runs import RunDir
-from scalelong.studies.divergence import DEFAULT_RULE, Divergence, DivergenceRule, divergence
+from scalelong.studies.divergence import DEFAULT_RULE, Divergence, DivergenceRule, divergence, feature_growth
+from scalelong.studies.heldout import heldout_x0_error, initial_x0_error
 from scalelong.studies.statistics import Contrast, contrast
 
 
@@ -36,6 +37,7 @@ class StudyRun:
     error: str = ""  # why it could not run (its records are then left out)
     path: Path | None = None  # its run directory
     seed: int | None = None  # its train.seed (None: not read, the run could not be)
+    warmup_steps: int = 0  # its optim.warmup_steps: where feature growth is measured from
 
 
 def read_run(run_dir: str | Path, rule: DivergenceRule = DEFAULT_RULE, error: str = "") -> StudyRun:
@@ -46,7 +48,15 @@ def read_run(run_dir: str | Path, rule: DivergenceRule = DEFAULT_RULE, error: st
     records, summary = load_metrics(run), run.summary or {}
     cfg = run.config()
     breaks = divergence(records, summary.get("stopped"), cfg.optim.warmup_steps, rule)
-    return StudyRun(run.name, records, summary, breaks, path=run.path, seed=cfg.train.seed)
+    return StudyRun(
+        run.name,
+        records,
+        summary,
+        breaks,
+        path=run.path,
+        seed=cfg.train.seed,
+        warmup_steps=cfg.optim.warmup_steps,
+    )
 
 
 def broken_runs(runs: Iterable[StudyRun]) -> list[str]:
@@ -84,41 +94,6 @@ def least_value(records: Records, key: str) -> float:
     return min(_finite(records, key), default=math.nan)
 
 
-def _x0_levels(record: Mapping, weights: str) -> list[float]:
-    """The held-out x0 errors per noise level of one record (``noise/x0_mse@L``, or with
-    ``weights="raw"`` ``noise/raw/x0_mse@L``); empty where the record holds none."""
-    return [as_float(v) for k, v in record.items() if (p := names.parse_noise(k, weights)) and p[0] == "x0"]
-
-
-def _level_mean(values: Sequence[float]) -> float:
-    return statistics.fmean(values) if all(math.isfinite(v) for v in values) else math.inf
-
-
-def heldout_x0_error(records: Records, weights: str = "ema") -> float:
-    """The last logged held-out x0 error after step 0 (``noise/x0_mse@L``; ``weights="raw"``:
-    the trained weights' ``noise/raw/x0_mse@L``), averaged over the noise levels L: the model on
-    fixed held-out images, far less noisy than the last training loss. NaN where no probe after
-    step 0 was logged; inf where the last one was not finite (the model's output was not)."""
-    last = next((r for r in reversed(records) if int(r["step"]) > 0 and _x0_levels(r, weights)), None)
-    return math.nan if last is None else _level_mean(_x0_levels(last, weights))
-
-
-def heldout_x0_series(records: Records, weights: str = "ema") -> tuple[list[int], list[float]]:
-    """Every held-out probe of a run: ``(steps, x0 errors)``, each averaged over the noise levels as
-    :func:`heldout_x0_error` averages the last one (inf where a probe was not finite); step 0 is
-    the untrained model where the run measured it."""
-    probes = [(int(r["step"]), _x0_levels(r, weights)) for r in records]
-    return [s for s, v in probes if v], [_level_mean(v) for _, v in probes if v]
-
-
-def initial_x0_error(records: Records) -> float:
-    """The held-out x0 error of the untrained model, measured at step 0
-    (``diagnostics.noise_levels_at_start``), averaged over the noise levels; NaN where the run did
-    not measure it, inf where it was not finite. At step 0 the EMA is the initial model itself."""
-    first = next((r for r in records if int(r["step"]) == 0 and _x0_levels(r, "ema")), None)
-    return math.nan if first is None else _level_mean(_x0_levels(first, "ema"))
-
-
 def average_records(runs: Sequence[Records]) -> list[dict]:
     """One record per step holding the mean over runs of every key logged at that step."""
     by_step: dict[int, dict[str, list[float]]] = {}
@@ -145,6 +120,7 @@ class SeedSummary:
     final_loss: float = math.nan
     feature_norm: float = math.nan  # the last logged hidden-feature norm (the paper's Fig. 1)
     feature_osc: float = math.nan  # mean sliding-window std of the hidden-feature norm
+    feature_growth: float = math.nan  # the last hidden-feature norm over its value at the end of warm-up
     spikes: float = math.nan  # loss spikes by the end
     fp16_headroom: float = math.nan  # the least ``fp16/headroom`` of the run; below 1 fp16 overflows
     confident: float = math.nan  # digit score of the last evaluation (fd-mnist)
@@ -165,6 +141,7 @@ def summarise_run(run: StudyRun) -> SeedSummary:
         final_loss=last_value(r, names.LOSS),
         feature_norm=last_value(r, names.FEATURE_NORM),
         feature_osc=mean_value(r, names.osc(names.FEATURE_NORM, "std")),
+        feature_growth=feature_growth(r, run.warmup_steps),
         spikes=last_value(r, names.SPIKES),
         fp16_headroom=least_value(r, names.FP16_HEADROOM),
         confident=last_value(r, names.DIGITS_CONFIDENT),

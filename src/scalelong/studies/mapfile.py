@@ -1,0 +1,166 @@
+"""A sweep's map.json read back into the cells a report is made of, when its runs are gone.
+
+A study's run folders are large and often left behind on the machine that trained them; its map.json
+travels with the report. :func:`read_map` turns every cell of one back into a
+:class:`~scalelong.studies.summary.CellSummary` and judges each run again by today's failure rule
+(:mod:`scalelong.studies.divergence`) from the numbers the file holds: (a) from the criteria it
+recorded, (x0) from its held-out x0 error and the mean image's. A file of an older format lacks
+columns (provenance, time series, feature growth); :func:`read_map` names them, so the report says
+what it cannot show. :func:`agreement_section` sets the verdicts the file recorded beside today's.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+from scalelong.errors import ScaleLongError
+from scalelong.studies.divergence import Divergence
+from scalelong.studies.summary import Cell, CellSummary, SeedSummary
+
+# map.json column -> SeedSummary field
+COLUMNS = {
+    "final_loss": "final_loss",
+    "final_fd": "final_fd",
+    "feature_norm": "feature_norm",
+    "feature_growth": "feature_growth",
+    "feature_norm_osc_std": "feature_osc",
+    "loss_spikes": "spikes",
+    "fp16_headroom_least": "fp16_headroom",
+    "digits_confident": "confident",
+    "digits_entropy": "entropy",
+    "heldout_x0_error": "x0_error",
+    "heldout_x0_error_raw": "x0_error_raw",
+    "heldout_x0_error_start": "x0_error_start",
+    "x0_mean_image": "x0_mean_image",
+}
+# What a report needs beyond the cells, and where today's writer puts it.
+EXPECTED = {"feature_growth": "feature growth", "failed": "verdicts by today's rule"}
+
+
+def _value(x: object) -> float:
+    return float(x) if isinstance(x, (int, float)) else math.nan
+
+
+def judge(recorded: Sequence[Mapping], x0: float, mean_image: float) -> tuple[Divergence, ...]:
+    """Today's verdict on one run from a map's numbers: (a) where the recorded criteria say it ended
+    non-finite; (x0) where its held-out x0 error is missing (a map writes a non-finite error as null)
+    or not below the mean image's; a run whose map has no held-out error keeps its recorded loss
+    criterion."""
+    found = [
+        Divergence(d["criterion"], int(d["step"]), d["detail"])
+        for d in recorded
+        if d["criterion"] == "nonfinite"
+    ]
+    if found:
+        return tuple(found)
+    step = max((int(d["step"]) for d in recorded), default=0)
+    if math.isnan(x0) and math.isnan(mean_image):  # no held-out error in this study: the loss judges
+        return tuple(
+            Divergence(d["criterion"], int(d["step"]), d["detail"])
+            for d in recorded
+            if d["criterion"] == "loss"
+        )
+    if math.isnan(x0):
+        return (Divergence("x0", step, "its final held-out x0 error is not finite"),)
+    if math.isfinite(mean_image) and not x0 < mean_image:
+        return (
+            Divergence(
+                "x0", step, f"final held-out x0 error {x0:.3g} is not below the mean image's {mean_image:.3g}"
+            ),
+        )
+    return ()
+
+
+def read_map(path: Path) -> tuple[list[CellSummary], list[str], dict[tuple, list[dict]]]:
+    """The cells of ``path`` (a sweep's map.json) with today's verdicts, the columns of today's
+    format it lacks (their labels), and per run (depth, lr, method, seed) the verdict recorded when
+    it was made (``recorded_criteria``, else the file's own verdicts)."""
+    try:
+        data = json.loads(path.read_text())
+        rows = data["cells"]
+        metric = data.get("metric", "loss")
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        raise ScaleLongError(
+            f"{path}: not a sweep's map.json ({type(e).__name__}: {e}); write it with scalelong sweep"
+        ) from None
+    lacking = [
+        label
+        for key, label in EXPECTED.items()
+        if rows and all(v is None for row in rows for v in row.get(key, [None]))
+    ]
+    if rows and not (path.parent / "runs.json").is_file():
+        lacking.insert(0, "per-run provenance and time series (no runs.json)")
+    recorded_by_run: dict[tuple, list[str]] = {}
+    cells = []
+    for row in rows:
+        cell = Cell(row["depth"], float(row["lr"]), row["method"])
+        # the verdicts recorded when the runs were made: kept as such when the map is written again
+        recorded = (
+            row.get("recorded_criteria")
+            or row.get("diverged")
+            or row.get("failed")
+            or [[] for _ in row["seed"]]
+        )
+        seeds = []
+        for i, s in enumerate(row["seed"]):
+            values = {field: _value(row[col][i]) for col, field in COLUMNS.items() if col in row}
+            if metric == "fd" and "final_fd" in row:
+                values["final_fd"] = _value(row["final_fd"][i])
+            breaks = judge(
+                recorded[i], values.get("x0_error", math.nan), values.get("x0_mean_image", math.nan)
+            )
+            seeds.append(SeedSummary(seed=s, breaks=breaks, **values))
+            recorded_by_run[(cell.depth, cell.lr, cell.method, s)] = list(recorded[i])
+        cells.append(CellSummary(cell, seeds, metric))
+    return cells, lacking, recorded_by_run
+
+
+def agreement_section(cells: Sequence[CellSummary], recorded: Mapping[tuple, list[dict]]) -> list[str]:
+    """Today's failure rule beside the verdicts the map recorded: the basin's old (a)+(b) and the
+    map's old (a)+(b)+(c), as counts of runs, with the runs where they disagree named."""
+    pairs = []
+    for c in cells:
+        for r in c.runs:
+            old = recorded.get((c.cell.depth, c.cell.lr, c.cell.method, r.seed))
+            if old is not None:
+                pairs.append((c, r, {d["criterion"] for d in old}))
+    if not pairs:
+        return []
+    rules = {
+        "(a)+(b): non-finite, loss": {"nonfinite", "loss"},
+        "(a)+(b)+(c): and feature growth": {"nonfinite", "loss", "feature_norm"},
+    }
+    lines = [
+        "| recorded rule | both: failed | both: trained | only the recorded rule failed it "
+        "| only today's failed it |",
+        "|---|---|---|---|---|",
+    ]
+    for label, criteria in rules.items():
+        old = [bool(o & criteria) for _, _, o in pairs]
+        new = [bool(r.breaks) for _, r, _ in pairs]
+        both = sum(a and b for a, b in zip(old, new, strict=True))
+        neither = sum(not a and not b for a, b in zip(old, new, strict=True))
+        only_old = sum(a and not b for a, b in zip(old, new, strict=True))
+        only_new = sum(b and not a for a, b in zip(old, new, strict=True))
+        lines.append(f"| {label} | {both} | {neither} | {only_old} | {only_new} |")
+    basin_rule = rules["(a)+(b): non-finite, loss"]
+    differ = [
+        f"{c.cell.method} lr {c.cell.lr:g} seed {r.seed} (depth {c.cell.depth}): recorded "
+        f"{'failed' if o & basin_rule else 'trained'}, today {'failed' if r.breaks else 'trained'} "
+        f"(x0 {r.x0_error:.3g}, mean image {r.x0_mean_image:.3g})"
+        for c, r, o in pairs
+        if bool(o & basin_rule) != bool(r.breaks)
+    ]
+    parts = [
+        "## Today's rule against the verdicts recorded",
+        f"The {len(pairs)} runs of this map as judged when they were made, (a) non-finite, (b) the loss "
+        "against the input-free loss, (c) the hidden-feature norm past 100x its first logged value, "
+        "beside today's one rule (non-finite, or a final held-out x0 error not below the mean image's).",
+        "\n".join(lines),
+    ]
+    if differ:
+        parts.append("Where (a)+(b) and today's rule disagree: " + "; ".join(differ) + ".")
+    return parts

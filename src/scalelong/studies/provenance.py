@@ -1,0 +1,137 @@
+"""Every run of a study as data: what made it and what it did, beside the study's map.json.
+
+``runs.json`` holds the study's base config once and, per run, the keys where its config differs,
+the provenance its summary.json records (commit, torch, the precision it really ran in, the device;
+:mod:`scalelong.provenance`), its verdict by the failure rule and its time series as numbers (loss,
+lr, hidden-feature norm and fp16 headroom at every logged step, the held-out x0 error at every
+probe). So a reader can recompute any table of the report, check a number quoted from it, and see
+which commit and precision each cell rests on (:func:`cell_provenance`).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+from scalelong import metric_names as names
+from scalelong.config import config_to_dict, read_yaml, write_text_atomic
+from scalelong.plots import series
+from scalelong.runs import config_differences
+from scalelong.studies.heldout import heldout_x0_series
+from scalelong.studies.summary import Cell, StudyRun
+
+# The series every run carries, by metrics-log key.
+SERIES = {
+    "loss": names.LOSS,
+    "lr": "lr",
+    "feature_norm": names.FEATURE_NORM,
+    "fp16_headroom": names.FP16_HEADROOM,
+}
+PROVENANCE_KEYS = ("commit", "torch", "precision", "device_name")
+
+
+def _number(x: float) -> float | None:
+    return x if math.isfinite(x) else None  # JSON has no NaN; inf too reads as null
+
+
+def run_json(run: StudyRun, base: dict) -> dict:
+    """One run: its name, seed, config differences to ``base``, provenance, verdict and series."""
+    entry: dict = {"run": run.name, "seed": run.seed}
+    if run.path is not None and (run.path / "config.yaml").is_file():
+        entry["config"] = config_differences(base, read_yaml(run.path / "config.yaml"), free=())
+    entry["provenance"] = run.summary.get("provenance")
+    entry["status"] = run.summary.get("status")
+    entry["failed"] = [{"criterion": d.criterion, "step": d.step, "detail": d.detail} for d in run.breaks]
+    data: dict = {}
+    for label, key in SERIES.items():
+        steps, values = series(run.records, key)
+        if steps:
+            data[label] = {"step": steps, "value": [_number(v) for v in values]}
+    steps, values = heldout_x0_series(run.records)
+    if steps:
+        data["heldout_x0_error"] = {"step": steps, "value": [_number(v) for v in values]}
+    entry["series"] = data
+    return entry
+
+
+def write_runs_json(base_config, runs: Mapping[Cell, Sequence[StudyRun]], path: Path) -> Path:
+    """``runs.json``: the base config and every run of every cell (:func:`run_json`)."""
+    base = config_to_dict(base_config)
+    cells = [
+        {
+            "depth": cell.depth,
+            "lr": cell.lr,
+            "method": cell.method,
+            "runs": [run_json(r, base) for r in rs],
+        }
+        for cell, rs in runs.items()
+    ]
+    write_text_atomic(path, json.dumps({"base_config": base, "cells": cells}) + "\n")
+    return path
+
+
+def cell_provenance(runs: Sequence[StudyRun]) -> dict[str, list[str]]:
+    """Per provenance key, the distinct values among ``runs`` ("unrecorded" for a run whose summary
+    has none): where a cell mixes commits or precisions, the report says so."""
+    out: dict[str, list[str]] = {}
+    for key in PROVENANCE_KEYS:
+        seen = []
+        for r in runs:
+            made = r.summary.get("provenance") or {}
+            value = str(made.get(key) or "unrecorded")
+            if key == "commit" and value != "unrecorded":
+                value = value[:10] + ("+dirty" if value.endswith("+dirty") else "")
+            if value not in seen:
+                seen.append(value)
+        out[key] = seen
+    return out
+
+
+def provenance_section(runs: Mapping[Cell, Sequence[StudyRun]]) -> list[str]:
+    """What made the runs: one line when every run shares commit, torch, precision and device;
+    else a table of the cells with their mixture, so nothing is mixed silently."""
+    every = [r for rs in runs.values() for r in rs]
+    if not every:
+        return []
+    whole = cell_provenance(every)
+    heading = "## What made the runs"
+    made = commands(every)
+    said = (
+        ["The commands that made them (runs each):", "\n".join(f"    {c}  # {n}" for c, n in made.items())]
+        if made
+        else []
+    )
+    if all(len(v) == 1 for v in whole.values()):
+        line = ", ".join(f"{k} {v[0]}" for k, v in whole.items())
+        return [
+            heading,
+            f"Every run: {line}. Each run's provenance, config and time series: `runs.json`.",
+            *said,
+        ]
+    lines = ["| depth | lr | method | seeds | " + " | ".join(PROVENANCE_KEYS) + " |", "|---" * 8 + "|"]
+    for cell, rs in runs.items():
+        made = cell_provenance(rs)
+        row = ["" if cell.depth is None else str(cell.depth), f"{cell.lr:g}", cell.method, str(len(rs))]
+        row += [", ".join(made[k]) for k in PROVENANCE_KEYS]
+        lines.append("| " + " | ".join(row) + " |")
+    return [
+        heading,
+        "The runs were not all made by the same commit, torch, precision and device: per cell, every "
+        "value among its runs (a precision of bf16 on a CPU without bf16 units runs as fp32 and is "
+        "recorded so). Each run's provenance, config and time series: `runs.json`.",
+        "\n".join(lines),
+        *said,
+    ]
+
+
+def commands(runs: Sequence[StudyRun]) -> dict[str, int]:
+    """Every command line that made one of ``runs`` (from its provenance), with how many runs it made."""
+    out: dict[str, int] = {}
+    for r in runs:
+        argv = (r.summary.get("provenance") or {}).get("argv")
+        if argv:
+            line = " ".join(argv)
+            out[line] = out.get(line, 0) + 1
+    return out

@@ -1,0 +1,147 @@
+"""The basin's answer from its data: failure paired by seed with McNemar's exact test, a map.json
+of an older format read back under today's rule, and what made each run said per cell."""
+
+import json
+import math
+
+import pytest
+
+from scalelong.config import load_config
+from scalelong.studies.divergence import Divergence
+from scalelong.studies.mapfile import agreement_section, read_map
+from scalelong.studies.paired import paired_json, paired_table
+from scalelong.studies.provenance import cell_provenance, provenance_section
+from scalelong.studies.statistics import paired_outcomes
+from scalelong.studies.summary import Cell, CellSummary, SeedSummary, StudyRun
+from scalelong.sweep import report_sweep
+
+FAILED = (Divergence("x0", 1200, "final held-out x0 error 0.3 is not below the mean image's 0.2"),)
+
+
+def test_mcnemar_is_exact_on_the_discordant_seeds():
+    # 6 rescues and no failure the other way: 2 x 0.5^6 = 0.03125
+    t = paired_outcomes({s: s < 2 for s in range(20)}, {s: s < 8 for s in range(20)})
+    assert (t.both, t.only_baseline, t.only_method, t.neither, t.n) == (2, 6, 0, 12, 20)
+    assert t.p == pytest.approx(2 * 0.5**6)
+    # 8 of 9 one way: 2 x (1 + 9) / 512
+    t = paired_outcomes({s: s == 9 for s in range(20)}, {s: s < 8 for s in range(20)})
+    assert (t.only_baseline, t.only_method) == (8, 1) and t.p == pytest.approx(20 / 512)
+    # no discordant seed: nothing to test; seeds only one side ran are left out
+    assert paired_outcomes({0: True, 1: False}, {0: True, 1: False, 2: True}).p == 1.0
+    assert paired_outcomes({0: True, 5: True}, {0: False, 1: True}).n == 1
+
+
+def cell(method, lr, failed, headroom=None, x0=None):
+    runs = [
+        SeedSummary(
+            s,
+            fp16_headroom=(headroom or {}).get(s, math.nan),
+            x0_error=(x0 or {}).get(s, math.nan),
+            breaks=FAILED if s in failed else (),
+        )
+        for s in range(5)
+    ]
+    return CellSummary(Cell(12, lr, method), runs)
+
+
+def test_the_paired_table_reads_only_trained_pairs_for_headroom_and_error():
+    none = cell("none", 2e-2, {1, 4}, headroom={s: 0.5 for s in range(5)}, x0={s: 0.14 for s in range(5)})
+    cs = cell(
+        "cs", 2e-2, {1}, headroom={0: 4.0, 1: 1e-6, 2: 8.0, 3: 2.0, 4: 4.0}, x0={s: 0.13 for s in range(5)}
+    )
+    rows = paired_table([none, cs]).splitlines()
+    assert rows[0].startswith("| depth | lr | method | shared seeds | both failed | only none failed |")
+    cols = rows[2].split(" | ")
+    assert cols[1:9] == ["0.02", "cs", "5", "1", "1", "0", "3", "1"]  # 1 rescue is no evidence: p = 1
+    # headroom among seeds 0, 2, 3 (both trained): ratios 8, 16, 4 -> geometric mean 8; seed 1's 1e-6 and
+    # seed 4 (none failed) stay out
+    (row,) = paired_json([none, cs])
+    assert row["fp16_headroom_ratio"]["n"] == 3 and row["fp16_headroom_ratio"]["estimate"] == pytest.approx(
+        8.0
+    )
+    assert row["x0_error_minus_none"]["estimate"] == pytest.approx(-0.01)
+    assert (row["only_none_failed"], row["only_method_failed"], row["mcnemar_p"]) == (1, 0, 1.0)
+
+
+OLD_ROW = {  # one cell of an lr-basin map.json as written before today's rule
+    "depth": 12,
+    "lr": 0.08,
+    "method": "none",
+    "seeds": 3,
+    "seed": [0, 1, 4],
+    "final_loss": [0.8, 0.2, 0.9],
+    "heldout_x0_error": [0.25, 0.15, 0.231],
+    "heldout_x0_error_start": [0.79, 0.8, 0.81],
+    "x0_mean_image": [0.204, 0.204, 0.204],
+    "fp16_headroom_least": [1e-9, 0.5, 1e-9],
+    "diverged": [
+        [{"criterion": "loss", "step": 1200, "detail": "loss ends at 0.8"}],
+        [{"criterion": "feature_norm", "step": 300, "detail": "383 x its first"}],
+        [],
+    ],
+}
+
+
+def test_an_old_map_is_judged_again_and_says_what_it_lacks(tmp_path, capsys):
+    (tmp_path / "map.json").write_text(json.dumps({"metric": "loss", "cells": [OLD_ROW]}))
+    cells, lacking, recorded = read_map(tmp_path / "map.json")
+    assert lacking == [
+        "per-run provenance and time series (no runs.json)",
+        "feature growth",
+        "verdicts by today's rule",
+    ]
+    # today: seed 0 fails (0.25 not below 0.204); seed 1 trains though its features grew; seed 4, which
+    # the loss passed, fails at 0.231
+    assert [bool(r.breaks) for r in cells[0].runs] == [True, False, True]
+    assert cells[0].runs[2].breaks[0].criterion == "x0"
+    assert [d["criterion"] for d in recorded[12, 0.08, "none", 1]] == ["feature_norm"]
+    parts = agreement_section(cells, recorded)
+    table = parts[2].splitlines()
+    assert table[2] == "| (a)+(b): non-finite, loss | 1 | 1 | 0 | 1 |"
+    assert table[3] == "| (a)+(b)+(c): and feature growth | 1 | 0 | 1 | 1 |"
+    assert (
+        "none lr 0.08 seed 4 (depth 12): recorded trained, today failed (x0 0.231, mean image 0.204)"
+        in parts[3]
+    )
+    # --report-only on the folder: one line saying what the file lacks, and a report from it
+    report = report_sweep(load_config("stability", []), tmp_path).read_text()
+    out = capsys.readouterr().out
+    assert out.count("\n") == 1 and "a map.json of an older format without per-run provenance" in out
+    assert (
+        "Made from `map.json` alone" in report and "## Today's rule against the verdicts recorded" in report
+    )
+    # written again, the map keeps the verdicts recorded when the runs were made
+    again = json.loads((tmp_path / "map.json").read_text())["cells"][0]
+    assert again["recorded_criteria"] == OLD_ROW["diverged"]
+    assert [bool(f) for f in again["failed"]] == [True, False, True]
+
+
+def run(seed, commit, precision, argv=("scalelong", "sweep", "stability")):
+    made = {
+        "commit": commit,
+        "torch": "2.14.1",
+        "precision": precision,
+        "device_name": "AMD EPYC",
+        "argv": list(argv),
+    }
+    return StudyRun(f"run{seed}", [], {"provenance": made}, [], seed=seed)
+
+
+def test_a_study_of_mixed_precisions_says_so_per_cell():
+    same = {Cell(12, 2e-2, "none"): [run(0, "a" * 40, "fp32"), run(1, "a" * 40, "fp32")]}
+    (heading, line, cmd_head, cmds) = provenance_section(same)
+    assert line.startswith(
+        "Every run: commit aaaaaaaaaa, torch 2.14.1, precision fp32, device_name AMD EPYC."
+    )
+    assert cmds == "    scalelong sweep stability  # 2"
+    mixed = {
+        Cell(12, 2e-2, "none"): [run(0, "a" * 40, "bf16"), run(5, "b" * 40 + "+dirty", "fp32")],
+        Cell(12, 2e-2, "cs"): [StudyRun("old", [], {}, [], seed=0)],
+    }
+    assert cell_provenance(mixed[Cell(12, 2e-2, "none")])["precision"] == ["bf16", "fp32"]
+    parts = provenance_section(mixed)
+    rows = parts[2].splitlines()
+    assert (
+        rows[2] == "| 12 | 0.02 | none | 2 | aaaaaaaaaa, bbbbbbbbbb+dirty | 2.14.1 | bf16, fp32 | AMD EPYC |"
+    )
+    assert rows[3] == "| 12 | 0.02 | cs | 1 | unrecorded | unrecorded | unrecorded | unrecorded |"
