@@ -85,6 +85,11 @@ class SkipSite(NamedTuple):
     shape: tuple[int | None, ...] | None  # without the batch; None for what is not known
 
 
+def method_order(method: str) -> tuple[int, str]:
+    """Sort key for method names: the order of :data:`METHODS` (``none`` first), others after."""
+    return (METHODS.index(method) if method in METHODS else len(METHODS), method)
+
+
 def check_method(method: str, kappa: float = DEFAULT_KAPPA["uvit"], num_skips: int = 1) -> None:
     """Raise :class:`ScaleLongError` unless ``method``, ``kappa`` and ``num_skips`` are valid."""
     if method not in METHODS:

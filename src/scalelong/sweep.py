@@ -40,7 +40,8 @@ from scalelong.plots import (
     series,
 )
 from scalelong.runs import RunDir, config_differences
-from scalelong.studies.basin import Basin, basin_json, basin_section, basin_table, basins, method_order
+from scalelong.skips import method_order
+from scalelong.studies.basin import Basin, basin_json, basin_section, basin_table, basins
 from scalelong.studies.divergence import DEFAULT_RULE, DivergenceRule, criteria
 from scalelong.studies.length import length_section
 from scalelong.studies.mapfile import agreement_section, read_map
@@ -157,16 +158,16 @@ def _finite_or_inf(x: float) -> float:
     return x if math.isfinite(x) else math.inf
 
 
-def stability_table(cells: Sequence[CellSummary], metric: str) -> str:
+def stability_table(cells: Sequence[CellSummary], metric: str, found: Sequence[Basin] | None = None) -> str:
     """Per method: the largest stable lr (the basin's one rule,
     :attr:`scalelong.studies.basin.Basin.largest_stable_lr`: no shared seed failed there nor at
     any smaller lr) and the best final ``metric`` among the lrs up to it, mean ± 95% t-interval
-    over its seeds."""
+    over its seeds. ``found``: the basins of ``cells`` where already computed."""
     lines = [
         f"| method | largest stable lr | best final {metric} (stable lrs) | at lr | seeds |",
         "|---|---|---|---|---|",
     ]
-    for b in basins(cells):
+    for b in basins(cells) if found is None else found:
         top = b.largest_stable_lr
         if top is None:
             lines.append(f"| {b.method} | none: the smallest lr that decides failed | n/a | | |")
@@ -233,7 +234,7 @@ def write_map_json(
     def number(x: float) -> float | None:
         return x if math.isfinite(x) else None  # JSON has no NaN
 
-    read = {(b.depth, b.method, r.lr, r.seed): r for b in basins(cells) for r in b.runs}
+    read = {(b.depth, b.method, r.lr, r.seed): r for b in (basin or basins(cells)) for r in b.runs}
 
     def basin_runs(c: CellSummary) -> list:
         return [read[c.cell.depth, c.cell.method, c.cell.lr, s] for s in c.seeds]
@@ -454,6 +455,7 @@ def write_sweep_report(
         cells = summarise_cells(runs or {}, key)
     seeds = [c.count for c in cells]
     methods = sorted({c.cell.method for c in cells}, key=method_order)
+    found = basins(cells)  # once: every table of the report reads these
     parts = [
         f"# ScaleLong stability map: {', '.join(methods)}",
         f"{base.model.type}, data {base.data.name}, {base.train.steps} steps, batch "
@@ -478,7 +480,7 @@ def write_sweep_report(
         png = draw_map(
             mine, sweep_dir / f"stability{'' if depth is None else f'_d{depth}'}.png", label, metric
         )
-        table = stability_table(mine, metric)
+        table = stability_table(mine, metric, [b for b in found if b.depth == depth])
         tables.append((f"{label}:\n\n" if label else "") + table)
         parts += [f"## {label or 'All cells'}", f"![{png.stem}]({png.name})", table, cell_table(mine, metric)]
     gaps = gap_table(cells, metric)
@@ -499,7 +501,7 @@ def write_sweep_report(
             gaps,
         ]
     parts += paired_section(cells)
-    basin_parts, found = basin_section(cells, sweep_dir)
+    basin_parts, _ = basin_section(cells, sweep_dir, found)
     parts += basin_parts
     for depth in sorted({b.depth for b in found}, key=lambda d: d or 0):
         mine = [b for b in found if b.depth == depth]

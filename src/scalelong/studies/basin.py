@@ -35,7 +35,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from scalelong.plots import BasinPoint, plot_basin
-from scalelong.skips import METHODS
+from scalelong.skips import method_order
 from scalelong.studies.statistics import Contrast, contrast, fmt_ci, fmt_contrast, mean_ci
 from scalelong.studies.summary import CellSummary
 
@@ -51,11 +51,6 @@ CAP_SOURCES = {
     "mean_image": "the mean image's x0 error on the same held-out images (`noise/x0_mse_mean_image`), "
     "for want of a measured untrained model",
 }
-
-
-def method_order(method: str) -> tuple[int, str]:
-    """The methods in the order of :data:`scalelong.skips.METHODS` (``none`` first), others after."""
-    return (METHODS.index(method) if method in METHODS else len(METHODS), method)
 
 
 def capped_error(error: float, initial: float, failed: bool = False) -> float:
@@ -360,17 +355,19 @@ def figure_points(found: Sequence[Basin], weights: str) -> dict[tuple[int | None
     }
 
 
-def basin_section(cells: Sequence[CellSummary], sweep_dir: Path) -> tuple[list[str], list[Basin]]:
+def basin_section(
+    cells: Sequence[CellSummary], sweep_dir: Path, found: Sequence[Basin] | None = None
+) -> tuple[list[str], list[Basin]]:
     """The sweep report's lr basin (Wortsman et al. 2023): the figure ``basin.png`` (one panel per
     depth, one line per method; a second row for the trained weights where logged), and per depth
-    the table of :func:`basin_table`; with the basins it read. One sentence where the sweep has a
-    single lr or no held-out error."""
+    the table of :func:`basin_table`; with the basins it read (``found``: the basins of ``cells``
+    where already computed). One sentence where the sweep has a single lr or no held-out error."""
     heading = "## The lr basin"
     lrs = sorted({c.cell.lr for c in cells})
     if len(lrs) < 2:
         lr = f" ({lrs[0]:g})" if lrs else ""
         return [heading, f"The sweep trained a single lr{lr}: the lr basin needs two or more (--lrs)."], []
-    found = basins(cells)
+    found = basins(cells) if found is None else list(found)
     if not any(b.logged("ema") for b in found):
         return [
             heading,

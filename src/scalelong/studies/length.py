@@ -14,7 +14,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from scalelong.plots import plot_fig1_by_depth
-from scalelong.studies.basin import method_order
+from scalelong.skips import method_order
 from scalelong.studies.heldout import heldout_x0_series
 from scalelong.studies.statistics import contrast, fmt_ci, fmt_contrast
 from scalelong.studies.summary import Cell, StudyRun

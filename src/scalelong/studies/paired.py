@@ -12,7 +12,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 
-from scalelong.studies.basin import method_order
+from scalelong.skips import method_order
 from scalelong.studies.statistics import Contrast, PairedOutcomes, contrast, fmt_contrast, paired_outcomes
 from scalelong.studies.summary import CellSummary
 

@@ -132,6 +132,8 @@ def commands(runs: Sequence[StudyRun]) -> dict[str, int]:
     for r in runs:
         argv = (r.summary.get("provenance") or {}).get("argv")
         if argv:
-            line = " ".join(argv)
+            # `python -m scalelong.cli` recorded by a version that kept the script's name
+            first = "scalelong" if argv[0] in ("cli.py", "__main__.py") else argv[0]
+            line = " ".join([first, *argv[1:]])
             out[line] = out.get(line, 0) + 1
     return out
