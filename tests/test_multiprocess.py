@@ -155,7 +155,9 @@ def test_cpu_processes_launches_data_parallel_processes_of_a_share_of_the_cores(
     from scalelong import cli, launch
 
     launched = []
-    monkeypatch.setattr(launch, "launch_processes", lambda n, args: launched.append((n, args)) or 0)
+    monkeypatch.setattr(
+        launch, "launch_processes", lambda n, args, run_dir=None: launched.append((n, args)) or 0
+    )
     monkeypatch.setattr(launch, "cpu_cores", lambda: 2)
     monkeypatch.delenv("WORLD_SIZE", raising=False)
     args = [

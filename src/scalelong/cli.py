@@ -47,7 +47,7 @@ def cmd_train(args: argparse.Namespace) -> int:
     if processes > 1:
         flags = [f for f in ("overwrite", "resume", "no_progress") if getattr(args, f)]
         argv = [args.config, *args.overrides, *(f"--{f.replace('_', '-')}" for f in flags)]
-        return launch_processes(processes, ["train", *argv, "--num-processes", "1"])
+        return launch_processes(processes, ["train", *argv, "--num-processes", "1"], run_dir=cfg.run_dir)
     result = train(cfg, overwrite=args.overwrite, progress=not args.no_progress, resume=args.resume or None)
     if int(os.environ.get("RANK", "0")) != 0:  # the main process reports for the run
         return 0
@@ -759,5 +759,18 @@ def main(argv: list[str] | None = None) -> int:
         return 2
 
 
+def _exit_as_worker(code: int) -> None:
+    """A process of a multi-process run ends with exactly its exit code: the interpreter's teardown
+    can abort (SIGABRT) in the process group's destructors while another rank is still in a
+    collective, and its launcher would then report a crash instead of the one-line error."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    code = main()
+    # started by launch_processes (scalelong.launch.LAUNCHER_PID; not imported: it imports torch)
+    if os.environ.get("SCALELONG_LAUNCHER_PID"):
+        _exit_as_worker(code)
+    sys.exit(code)

@@ -2,7 +2,9 @@
 
 ``scalelong train --num-processes N`` starts N processes of this machine with
 :func:`launch_processes`; ``accelerate launch -m scalelong.cli train ...`` does the same across
-nodes. Each process then builds its :func:`make_accelerator` from the config.
+nodes. Each process then builds its :func:`make_accelerator` from the config. The processes of a
+run end together: with their launcher, killed or not, and all of them when one dies, which the
+launcher then reports in one line, the run's summary and the log ``workers.log``.
 
 Studies (``scalelong compare``, ``scalelong sweep``) run many independent runs: one after
 another, or ``--jobs J`` at a time with :func:`pool_map`, whose workers divide the machine's
@@ -15,12 +17,16 @@ spawned worker before anything in it touches CUDA.
 
 from __future__ import annotations
 
+import ctypes
 import functools
 import os
+import re
+import shlex
 import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -28,11 +34,13 @@ from concurrent.futures import ProcessPoolExecutor, as_completed
 from contextlib import contextmanager
 from dataclasses import dataclass
 from multiprocessing import get_context
+from pathlib import Path
 
 import torch
 
 from scalelong.config import Config
 from scalelong.errors import ScaleLongError
+from scalelong.lock import read_lock
 
 
 def resolve_device(name: str = "auto", option: str = "--device ") -> torch.device:
@@ -46,14 +54,28 @@ def resolve_device(name: str = "auto", option: str = "--device ") -> torch.devic
 
 
 def make_accelerator(cfg: Config):
-    """The Accelerator for train.device and train.mixed_precision (processes come from the environment)."""
+    """The Accelerator for train.device and train.mixed_precision (processes come from the environment).
+
+    fp16 on the CPU gets an fp32 Accelerator: the trainer computes CUDA's fp16 autocast itself
+    (:mod:`scalelong.fp16`) and scales the loss with its own ``torch.amp.GradScaler("cpu")``."""
     from accelerate import Accelerator  # imported when a run starts: it takes seconds
+
+    end_with_launcher()  # a launched process ends with its launcher (where the kernel does not see to it)
 
     t = cfg.train
     device = resolve_device(t.device, "train.device=")
     cpu = device.type == "cpu"
     if cpu and t.mixed_precision == "fp16":
-        raise ScaleLongError("train.mixed_precision=fp16 needs a GPU; on the CPU use bf16 or no")
+        if t.compile:
+            # Inductor keeps a fused kernel's intermediates in fp32 (unless
+            # torch._inductor.config.emulate_precision_casts): compiled, the forward would not round to
+            # fp16, nor overflow, where the eager one and a GPU do (a toy Linear-GELU-Linear fed past
+            # 65,504: 1 non-finite output compiled, 64 eager).
+            raise ScaleLongError(
+                "train.compile=true with train.mixed_precision=fp16 on the CPU: the compiled forward would "
+                "not round to fp16 where a GPU does; use train.compile=false"
+            )
+        return Accelerator(cpu=True, mixed_precision="no")
     precision = bf16_where_it_pays(str(t.mixed_precision), device, "train.mixed_precision")
     return Accelerator(cpu=cpu, mixed_precision=precision)
 
@@ -142,56 +164,357 @@ def sigterm_as_interrupt() -> Iterator[None]:
         signal.signal(signal.SIGTERM, previous)
 
 
-def launch_processes(n: int, cli_args: list[str], ignore_signals: Sequence[int] = ()) -> int:
+# ----------------------------------------------------------------------------- the processes of one run
+
+# What each launched process runs after the interpreter (tests put a wrapper script here).
+WORKER_PROGRAM: list[str] = ["-m", "scalelong.cli"]
+# Set in each launched process: the launcher's pid, for the watcher of a system without PR_SET_PDEATHSIG.
+LAUNCHER_PID = "SCALELONG_LAUNCHER_PID"
+WORKERS_LOG = "workers.log"  # in the run directory: the processes' output, once one of them died
+STOP_GRACE_S = 60.0  # how long a stopped process may take to end its run cleanly before SIGKILL
+USER_ERROR_WAIT_S = 5.0  # how long rank 0 may take to end on a user error another rank ended on
+_POLL_S = 0.1
+_PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
+# Signals that stop a process from outside (a user, a scheduler, the out-of-memory killer): a run
+# one of them ends is "interrupted"; a process that crashed (SIGSEGV, SIGABRT, ...) "failed" it.
+_STOP_SIGNALS = {
+    getattr(signal, s) for s in ("SIGTERM", "SIGINT", "SIGKILL", "SIGHUP", "SIGQUIT") if hasattr(signal, s)
+}
+# Where a traceback starts: the rest of that process's stderr goes to the log, not to the console.
+_TRACEBACK = (b"Traceback (most recent call last):", b"Fatal Python error:")
+
+
+def launch_processes(
+    n: int, cli_args: list[str], ignore_signals: Sequence[int] = (), run_dir: str | Path | None = None
+) -> int:
     """Run ``python -m scalelong.cli <cli_args>`` as ``n`` processes of one machine (what
-    ``torchrun --nproc-per-node n`` does); Accelerate picks them up from the environment.
+    ``torchrun --nproc-per-node n`` does); Accelerate picks them up from the environment. Returns
+    the exit code: 0; 2 when they ended on a user error (which rank 0 printed, in one line); 1 when
+    a process died. Multi-node runs use ``accelerate launch`` directly.
 
-    Multi-node runs use ``accelerate launch`` directly. When one process fails, the others are
-    stopped; the exit code is the first failure's. When this process is interrupted (Ctrl-C,
-    SIGTERM under :func:`sigterm_as_interrupt`), each process gets SIGTERM and a minute to end its
-    run cleanly before it is killed. ``ignore_signals``: signals the processes ignore (a
-    scheduler's warning signal, which only the process that launched them acts on).
+    * The processes die with this one, SIGKILL included: each then gets SIGTERM (Linux:
+      ``PR_SET_PDEATHSIG``; elsewhere a thread of its own, :func:`end_with_launcher`) and ends its
+      run the way SIGTERM does (last complete checkpoint kept, summary "interrupted").
+    * This process interrupted (Ctrl-C, SIGTERM): each process gets SIGTERM and
+      :data:`STOP_GRACE_S` to end its run cleanly before it is killed.
+    * A process that dies (a signal, an exception, out of memory) stops the others the same way;
+      then the run's summary.json says which and how (unless rank 0 wrote it about its own
+      failure), ``workers.log`` in the run directory holds every process's output, and one line on
+      stderr says all that and the command to resume.
+
+    Rank 0's stdout is this process's; its stderr is passed on up to a traceback; the other ranks'
+    output goes only to the log; ``run_dir`` is the directory of the run they train (None: no
+    summary or log is written for them). ``ignore_signals``: signals the processes ignore (a
+    scheduler's warning signal, which only the process that launched them acts on). Call it from a thread that
+    outlives the processes (the main thread): Linux ties ``PR_SET_PDEATHSIG`` to the thread that
+    started them.
     """
-    with socket.socket() as s:  # a free port for the process group's rendezvous
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    from scalelong.runs import RunDir
 
-    def ignore() -> None:  # in the child, before it runs Python: SIG_IGN survives exec
-        for signum in ignore_signals:
-            signal.signal(signum, signal.SIG_IGN)
+    with _Launch(n, None if run_dir is None else RunDir(run_dir)) as launch:
+        try:
+            with sigterm_as_interrupt():
+                launch.start(cli_args, ignore_signals)
+                failure = launch.watch()
+        finally:
+            launch.stop()  # interrupted, or a process died: the others end their run cleanly
+        return launch.report(failure)
 
-    procs = []
-    # Each process's share of the cores (as torchrun does), unless the caller set it: n processes of
-    # the machine's thread count each would oversubscribe the CPU many times over.
-    threads = os.environ.get("OMP_NUM_THREADS") or str(max(1, cpu_cores() // n))
-    for rank in range(n):
-        env = dict(os.environ, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), WORLD_SIZE=str(n))
-        env["OMP_NUM_THREADS"] = threads
-        env.update(RANK=str(rank), LOCAL_RANK=str(rank), LOCAL_WORLD_SIZE=str(n))
-        command = [sys.executable, "-m", "scalelong.cli", *cli_args]
-        procs.append(subprocess.Popen(command, env=env, preexec_fn=ignore if ignore_signals else None))
-    code = 0
+
+def end_with_launcher() -> None:
+    """In a process :func:`launch_processes` started, on a system without ``PR_SET_PDEATHSIG``: a
+    thread sends this process SIGTERM once the launcher is gone (:func:`_end_with_parent`), so that
+    it ends its run the way SIGTERM does instead of training on for nobody. Does nothing on Linux,
+    where the kernel sends that SIGTERM, nor in a process that no launcher started."""
+    launcher = os.environ.get(LAUNCHER_PID)
+    if launcher is None or _prctl() is not None or _watching_launcher.is_set():
+        return
+    _watching_launcher.set()
+    threading.Thread(target=_end_with_parent, args=(int(launcher),), daemon=True).start()
+
+
+_watching_launcher = threading.Event()
+
+
+@functools.cache
+def _prctl():
+    """libc's ``prctl`` where it sets ``PR_SET_PDEATHSIG`` (Linux), else None; loaded here, in the
+    launcher, so that the forked child only calls it."""
+    if not sys.platform.startswith("linux"):
+        return None
     try:
-        while any(p.poll() is None for p in procs):
-            failed = [p.returncode for p in procs if p.returncode not in (None, 0)]
-            if failed:
-                code = failed[0]
-                for p in procs:
-                    if p.poll() is None:
-                        p.terminate()
-            time.sleep(0.2)
-    finally:
-        for p in procs:
+        prctl = ctypes.CDLL(None, use_errno=True).prctl
+    except (OSError, AttributeError):
+        return None
+    prctl.argtypes = [ctypes.c_int, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong]
+    prctl.restype = ctypes.c_int
+    return prctl
+
+
+def _in_child(launcher: int, ignore: tuple[int, ...], prctl) -> None:
+    """Run in each launched process between fork and exec; what it sets survives exec."""
+    for signum in ignore:
+        signal.signal(signum, signal.SIG_IGN)
+    if prctl is not None:
+        prctl(_PR_SET_PDEATHSIG, int(signal.SIGTERM), 0, 0, 0)  # when the launcher dies, SIGKILL too
+        if os.getppid() != launcher:  # it died before prctl took effect: no signal would come
+            os._exit(1)
+
+
+def _command() -> str:
+    """This process's command as a user types it: ``scalelong ...`` for the entry point and for
+    ``python -m scalelong.cli`` alike."""
+    if not sys.argv or not sys.argv[0]:
+        return "scalelong"
+    first = Path(sys.argv[0])
+    inside = first.name == "scalelong" or first.resolve().parent == Path(__file__).resolve().parent
+    return shlex.join(["scalelong" if inside else first.name, *sys.argv[1:]])
+
+
+def _mtime(path: Path) -> int | None:
+    try:
+        return path.stat().st_mtime_ns
+    except OSError:
+        return None
+
+
+@dataclass(frozen=True)
+class _Ended:
+    """A launched process that ended with a non-zero exit code (negative: the signal that killed it)."""
+
+    rank: int
+    code: int
+
+    @property
+    def how(self) -> str:
+        """``was killed by SIGKILL``, ``exited with code 1``."""
+        if self.code >= 0:
+            return f"exited with code {self.code}"
+        try:
+            return f"was killed by {signal.Signals(-self.code).name}"
+        except ValueError:
+            return f"was killed by signal {-self.code}"
+
+    @property
+    def status(self) -> str:
+        """The run's summary status once this process ended it."""
+        return "interrupted" if -self.code in _STOP_SIGNALS else "failed"
+
+    @property
+    def user_error(self) -> bool:
+        """Rank 0 ended on a user error (or was interrupted itself), having printed the one line."""
+        return self.rank == 0 and self.code == 2
+
+    def cause(self) -> tuple[bool, int]:
+        """Sort key of the processes that ended together: one a signal killed first (the others died
+        of its absence: a collective's "Connection reset by peer"), then by rank."""
+        return self.code >= 0, self.rank
+
+
+class _Output:
+    """What one launched process writes, in an anonymous file (nothing is left behind, whoever dies
+    first); read with ``pread``, which never moves the offset the process writes at."""
+
+    def __init__(self):
+        self.file = tempfile.TemporaryFile()
+        self.read_to = 0
+        self.rest = b""  # the start of a line not yet passed on
+        self.withheld = False  # a traceback began: from there on, the log only
+
+    def _read(self, start: int) -> bytes:
+        chunks = []
+        while chunk := os.pread(self.file.fileno(), 1 << 20, start):
+            chunks.append(chunk)
+            start += len(chunk)
+        return b"".join(chunks)
+
+    def echo(self, final: bool = False) -> None:
+        """Pass on to stderr what the process wrote since the last call, line by line (a carriage
+        return ends one too, so that a progress bar moves), up to the first traceback."""
+        new = self._read(self.read_to)
+        self.read_to += len(new)
+        data = self.rest + new
+        cut = len(data) if final else max(data.rfind(b"\n"), data.rfind(b"\r")) + 1
+        self.rest = data[cut:]
+        for segment in re.split(rb"(?<=[\r\n])", data[:cut]):
+            self.withheld = self.withheld or any(mark in segment for mark in _TRACEBACK)
+            if segment and not self.withheld:
+                sys.stderr.write(segment.decode(errors="replace"))
+        sys.stderr.flush()
+
+    def text(self) -> str:
+        """All that the process wrote, for the log: each line as last drawn (a progress bar's)."""
+        lines = self._read(0).decode(errors="replace").split("\n")
+        return "\n".join(next((s for s in reversed(line.split("\r")) if s), "") for line in lines)
+
+
+class _Launch:
+    """The ``n`` processes of one run (:func:`launch_processes`): started, watched, stopped, and
+    what is left to say once one of them died."""
+
+    def __init__(self, n: int, run):
+        self.n, self.run = n, run  # run: its RunDir, or None when unknown
+        self.procs: list[subprocess.Popen] = []
+        self.outputs: list[_Output] = []
+        self.summary_before = _mtime(run.summary_file) if run is not None else None
+        self.ran_it = False  # rank 0 took the run's lock: the run is this launch's to write
+
+    def __enter__(self) -> _Launch:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        for output in self.outputs:
+            output.file.close()
+
+    def start(self, cli_args: Sequence[str], ignore_signals: Sequence[int]) -> None:
+        with socket.socket() as s:  # a free port for the process group's rendezvous
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        # Each process's share of the cores (as torchrun does), unless the caller set it: n processes
+        # of the machine's thread count each would oversubscribe the CPU many times over.
+        threads = os.environ.get("OMP_NUM_THREADS") or str(max(1, cpu_cores() // self.n))
+        prctl, ignore = _prctl(), tuple(ignore_signals)
+        setup = functools.partial(_in_child, os.getpid(), ignore, prctl) if prctl or ignore else None
+        for rank in range(self.n):
+            env = dict(os.environ, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), WORLD_SIZE=str(self.n))
+            env.update(RANK=str(rank), LOCAL_RANK=str(rank), LOCAL_WORLD_SIZE=str(self.n))
+            env.update(OMP_NUM_THREADS=threads, **{LAUNCHER_PID: str(os.getpid())})
+            self.outputs.append(_Output())
+            out = self.outputs[-1].file
+            command = [sys.executable, *WORKER_PROGRAM, *cli_args]
+            self.procs.append(
+                subprocess.Popen(
+                    command, env=env, stdout=None if rank == 0 else out, stderr=out, preexec_fn=setup
+                )
+            )
+
+    def watch(self) -> _Ended | None:
+        """Wait for the processes to end, passing rank 0's stderr on. Returns the process that ended
+        the run: one that died, or rank 0 on a user error (None: all ended well). The others may
+        still run."""
+        since = None  # when a rank other than 0 ended on a user error
+        while True:
+            codes = [p.poll() for p in self.procs]
+            self._note_lock()
+            ended = sorted(
+                (_Ended(r, c) for r, c in enumerate(codes) if c not in (None, 0)), key=_Ended.cause
+            )
+            if ended and ended[0].code == 2 and codes[0] is None:
+                # a user error: every rank raises it and rank 0 prints it, once it ends too
+                since = since or time.monotonic()
+                if time.monotonic() - since > USER_ERROR_WAIT_S:
+                    return ended[0]
+            elif ended:
+                if ended[0].user_error:
+                    self.outputs[0].echo(final=True)
+                return ended[0]
+            elif all(c is not None for c in codes):
+                self.outputs[0].echo(final=True)
+                return None
+            self.outputs[0].echo()
+            time.sleep(_POLL_S)
+
+    def _note_lock(self) -> None:
+        """Whether rank 0 holds the run's lock (its pid is in it); once it did, the run is this
+        launch's to write."""
+        if self.ran_it or self.run is None:
+            return
+        found = read_lock(self.run.lock_file)
+        record = found[1] if found else None
+        self.ran_it = (
+            record is not None
+            and record["pid"] == self.procs[0].pid
+            and record["host"] == socket.gethostname()
+        )
+
+    def stop(self) -> None:
+        """SIGTERM to each process still running (it ends its run the clean way, see train.train),
+        SIGKILL to any still running :data:`STOP_GRACE_S` later."""
+        for p in self.procs:
             if p.poll() is None:
-                p.terminate()  # SIGTERM: each process ends its run the clean way (train.train)
-        deadline = time.monotonic() + 60
-        for p in procs:
+                p.terminate()
+        deadline = time.monotonic() + STOP_GRACE_S
+        for p in self.procs:
             try:
                 p.wait(timeout=max(0.0, deadline - time.monotonic()))
             except subprocess.TimeoutExpired:
                 p.kill()
                 p.wait()
-    return code or max(p.returncode for p in procs)
+
+    def report(self, failure: _Ended | None) -> int:
+        """The exit code; for a process that died, the log, the summary and the one line first."""
+        if failure is None:
+            return 0
+        if failure.user_error:
+            return 2
+        self._note_lock()  # a lock that rank 0, killed, left behind
+        self.ran_it = self.ran_it or self._summary_written()
+        log, began = self._record(failure)
+        print(self._line(failure, log, began), file=sys.stderr, flush=True)
+        return 1
+
+    def _record(self, failure: _Ended) -> tuple[Path, bool]:
+        """Write the log and the summary into the run, holding its lock, and say where the log is and
+        whether the run began. The log goes to a temporary file instead when the run is not this
+        launch's to write: rank 0 never took its lock, or died before it wrote the run's config (a
+        folder without one holds no run, and the next start would refuse it)."""
+        text = self._log(failure)
+        if self.ran_it:
+            try:
+                with self.run.writing(warn=lambda message: None):  # takes over a lock rank 0 left
+                    if self.run.config_file.is_file():
+                        log = self.run.path / WORKERS_LOG
+                        log.write_text(text)
+                        self._summarize(failure, log)
+                        return log, True
+            except (ScaleLongError, OSError):  # another process took the run meanwhile
+                pass
+        fd, name = tempfile.mkstemp(prefix="scalelong-workers-", suffix=".log")
+        with os.fdopen(fd, "w") as f:
+            f.write(text)
+        return Path(name), False
+
+    def _summary_written(self) -> bool:
+        """Whether a process wrote the run's summary.json during this launch."""
+        return self.run is not None and _mtime(self.run.summary_file) not in (None, self.summary_before)
+
+    def _log(self, failure: _Ended) -> str:
+        parts = [f"scalelong train on {self.n} processes: rank {failure.rank} {failure.how}\n"]
+        for rank, output in enumerate(self.outputs):
+            parts.append(
+                f"\n----- rank {rank} ({'stderr' if rank == 0 else 'stdout and stderr'})\n{output.text()}"
+            )
+        return "".join(parts)
+
+    def _summarize(self, failure: _Ended, log: Path) -> None:
+        """summary.json with the run's status and what ended it; rank 0's own summary when rank 0
+        ended it with an exception (the launcher adds nothing to its error)."""
+        run = self.run
+        written = self._summary_written()
+        summary = (run.summary or {}) if written else {}
+        if written and failure.rank == 0 and failure.code > 0:
+            return
+        error = f"rank {failure.rank} of {self.n} processes {failure.how}; the others were stopped ({log})"
+        summary.update(status=failure.status, error=error)
+        if not written:
+            checkpoints = run.checkpoints()
+            summary["steps"] = int(checkpoints[-1].name.removeprefix("step-")) if checkpoints else 0
+        run.write_summary(summary)
+
+    def _line(self, failure: _Ended, log: Path, began: bool) -> str:
+        """The one line: which process died and how, where the run stands, how to resume."""
+        checkpoints = self.run.checkpoints() if began else []
+        if not began:
+            where = "the run had not begun"
+        elif checkpoints:
+            where = f"{self.run} holds its last complete checkpoint ({checkpoints[-1].name})"
+        else:
+            where = f"{self.run} has no checkpoint yet"
+        return (
+            f"error: rank {failure.rank} of {self.n} processes {failure.how}, so the others were stopped; "
+            f"{where}; the processes' output is in {log}; re-run the same command to "
+            f"{'resume' if began else 'start'} it: {_command()}"
+        )
 
 
 # ----------------------------------------------------------------------------- a pool of runs
@@ -321,10 +644,11 @@ def _init_worker(threads: int, devices=None) -> None:
 
 
 def _end_with_parent(parent: int, every: float = 1.0) -> None:
-    """A pool worker never learns that its parent died (SIGKILL, a crash): it would idle, or train
-    on for nobody, for good. When the parent is gone this worker sends itself SIGTERM, which ends
-    a run in flight cleanly (:func:`sigterm_as_interrupt`, which ignores the repeats while the run
-    winds down) and then, back between runs, the worker itself."""
+    """A pool worker (or, without PR_SET_PDEATHSIG, a process :func:`launch_processes` started)
+    never learns that its parent died (SIGKILL, a crash): it would idle, or train on for nobody, for
+    good. When the parent is gone this worker sends itself SIGTERM, which ends a run in flight
+    cleanly (:func:`sigterm_as_interrupt`, which ignores the repeats while the run winds down) and
+    then, back between runs, the worker itself."""
     while os.getppid() == parent:
         time.sleep(every)
     while True:

@@ -141,7 +141,7 @@ def config_differences(
 # What scalelong writes into a run directory: files, and per folder the names it gives its files.
 # --overwrite removes these and nothing else. The report names are those of plots.write_plots.
 PROJECT_FILES = ("config.yaml", ".config.yaml.tmp", "metrics.jsonl", ".metrics.jsonl.tmp")
-PROJECT_FILES += ("summary.json", ".summary.json.tmp", "eval_final.json")
+PROJECT_FILES += ("summary.json", ".summary.json.tmp", "eval_final.json", "workers.log")
 PROJECT_FOLDERS = {
     "checkpoints": ("step-*", ".tmp-step-*", ".old-step-*"),
     "tb": ("events.out.tfevents.*",),
