@@ -3,12 +3,15 @@
     python -m benchmarks.train_step                  # the demo U-ViT at its batch (32), 2 threads
     python -m benchmarks.train_step --quick          # fewer repeats
     python -m benchmarks.train_step --preset stability --batch 32
+    python -m benchmarks.train_step --preset stability --threads 1 --no-compile   # the fp16 row's target
 
 One step is what the trainer runs: forward of the configured backbone on x_t, the configured loss
 (the demo: x0-prediction with the v-loss weighting), backward, the global gradient norm, AdamW,
 and the EMA update. The arms:
 
-* precision and compilation: eager fp32, eager bf16 autocast, ``torch.compile`` fp32, compiled bf16;
+* precision and compilation: eager fp32, eager bf16 autocast, eager fp16 (``train.mixed_precision=fp16``
+  on the CPU: CUDA's fp16 autocast policy computed in fp32 on fp16 values, :mod:`scalelong.fp16`, with
+  the trainer's loss scaler), ``torch.compile`` fp32, compiled bf16;
 * the AdamW implementation (``optim.implementation``): for-loop (torch's CPU default), foreach, fused;
 * the EMA update: one fused ``_foreach_lerp_`` over all parameters (the trainer's) or one lerp per
   parameter;
@@ -63,12 +66,16 @@ def step_fn(
     batch: int,
     *,
     amp: torch.dtype | None = None,
+    fp16: bool = False,
     compiled: bool = False,
     adamw: str = "loop",
     ema: str = "foreach",
 ) -> Callable[[], None]:
-    """A closure running one trainer-like step of ``preset``'s model on one fixed batch."""
+    """A closure running one trainer-like step of ``preset``'s model on one fixed batch; ``fp16``: the
+    trainer's CPU fp16 step (the forward under CUDA's fp16 policy, the loss scaled, the gradients
+    unscaled before their norm, the scaler's step and update)."""
     from scalelong.diffusion import denoising_loss
+    from scalelong.fp16 import autocast_forward
 
     model, schedule, x0, cfg = demo_parts(preset, batch)
     ema_model = copy.deepcopy(model).requires_grad_(False)
@@ -77,6 +84,8 @@ def step_fn(
     o = cfg.optim
     opt = torch.optim.AdamW(params, lr=o.lr, betas=tuple(o.betas), weight_decay=o.weight_decay, **flags)
     net = torch.compile(model) if compiled else model
+    net = autocast_forward(net) if fp16 else net
+    scaler = torch.amp.GradScaler("cpu") if fp16 else None
     gen = torch.Generator().manual_seed(0)
     t = schedule.sample_t(batch, gen)
     noise = torch.randn(x0.shape, generator=gen)
@@ -86,9 +95,15 @@ def step_fn(
         ctx = torch.autocast("cpu", dtype=amp) if amp is not None else contextlib.nullcontext()
         with ctx:
             loss = denoising_loss(net, schedule, x0, t, noise).mean()
-        loss.backward()
+        (loss if scaler is None else scaler.scale(loss)).backward()
+        if scaler is not None:
+            scaler.unscale_(opt)
         torch.linalg.vector_norm(torch.stack(torch._foreach_norm([p.grad for p in params]))).item()
-        opt.step()
+        if scaler is None:
+            opt.step()
+        else:
+            scaler.step(opt)
+            scaler.update()
         opt.zero_grad(set_to_none=True)
         with torch.no_grad():
             if ema == "foreach":
@@ -153,7 +168,7 @@ def model_shape(model: torch.nn.Module) -> tuple[int, int, int]:
 def training_arms(preset: str, batch: int, threads: int, compiled: bool) -> dict[str, Callable[[], None]]:
     bf16 = torch.bfloat16
     S = lambda **kw: step_fn(preset, batch, **kw)  # noqa: E731
-    arms = {"eager fp32": S(), "eager bf16": S(amp=bf16)}
+    arms = {"eager fp32": S(), "eager bf16": S(amp=bf16), "eager fp16 (CUDA's policy)": S(fp16=True)}
     if compiled:
         arms |= {"compiled fp32": S(compiled=True), "compiled bf16": S(amp=bf16, compiled=True)}
     arms |= {

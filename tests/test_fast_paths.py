@@ -182,10 +182,11 @@ def test_fast_path_keys_are_validated_at_the_edge():
     ):
         load_config("configs/demo.yaml", ["optim.implementation=fast"])
     with pytest.raises(
-        ScaleLongError, match=r"eval.mixed_precision='fp16' is not supported; choose one of no, bf16"
+        ScaleLongError, match=r"eval.mixed_precision='fp8' is not supported; choose one of no, fp16, bf16"
     ):
-        load_config("configs/demo.yaml", ["eval.mixed_precision=fp16"])
+        load_config("configs/demo.yaml", ["eval.mixed_precision=fp8"])
     assert load_config("configs/demo.yaml", ["eval.mixed_precision=no"]).eval.mixed_precision == "no"
+    assert load_config("configs/demo.yaml", ["eval.mixed_precision=fp16"]).eval.mixed_precision == "fp16"
 
 
 def test_bf16_sampling_on_a_cpu_without_bf16_runs_in_fp32_and_says_so_once(tmp_path, monkeypatch, capsys):

@@ -123,11 +123,9 @@ def test_toy_basin_finishes_every_run_and_reports_even_after_a_failure(tmp_path)
     assert (
         "## The lr basin" in report and "of the 4 runs: 4 runs, the run's own step-0 measurement." in report
     )
-    assert (
-        "| diverged at 0.01 | diverged at 1000 |" in report and "LR sensitivity (trained weights)" in report
-    )
+    assert "| failed at 0.01 | failed at 1000 |" in report and "LR sensitivity (trained weights)" in report
     basin = {b["method"]: b for b in json.loads((sweep / "map.json").read_text())["basin"]}
-    assert basin.keys() == {"none", "skip-norm"} and basin["none"]["diverged"][1]["diverged"] == 1
+    assert basin.keys() == {"none", "skip-norm"} and basin["none"]["failed"][1]["failed"] == 1
     assert done.stdout.rstrip().endswith(f"report: {sweep / 'report.md'}\n        {sweep / 'report.html'}")
 
     # a sweep that fails before its new runs: the report of the finished ones is written all the same

@@ -146,6 +146,7 @@ LIBRARY = {
     "scalelong.tracing",
     "scalelong.checking",
     "scalelong.diagnostics",
+    "scalelong.overflow",
     "scalelong.diffusion",
     "scalelong.optim",
     "scalelong.runlog",
@@ -154,6 +155,7 @@ LIBRARY = {
     "scalelong.tracking",
     "scalelong.metric_names",
     "scalelong.provenance",
+    "scalelong.fp16",
 }
 APPLICATION = {"scalelong.runs", "scalelong.build", "scalelong.config", "scalelong.train", "scalelong.data"}
 APPLICATION |= {"scalelong.user_model"}
@@ -164,7 +166,7 @@ APPLICATION |= {"scalelong.studies", "scalelong.studies.running", "scalelong.stu
 LIBRARY_NAMES = (
     "apply_scalelong, find_skips, Diagnostics, RunLog, SkipInput, describe, save_scalelong, load_scalelong"
 )
-LIBRARY_CLOSURE = {"scalelong", *LIBRARY} - {"scalelong.optim", "scalelong.provenance"}
+LIBRARY_CLOSURE = {"scalelong", *LIBRARY} - {"scalelong.optim", "scalelong.provenance", "scalelong.fp16"}
 
 
 def loaded_after(statement: str) -> tuple[set[str], set[str]]:

@@ -80,10 +80,15 @@ def test_nan_at_every_step_stops_after_k_with_exit_2(tmp_path, capsys, monkeypat
     assert summary["status"] == "stopped" and summary["steps"] == 3 and summary["nonfinite_steps"] == 3
     assert "stopped at step 3" in summary["error"] and math.isnan(summary["final_loss"])
     assert not (tmp_path / "allnan" / ".lock").exists()
-    assert summary["stopped"] == {"step": 3, "kind": "nonfinite"}  # studies count it as a result
+    # studies count it as a result; the forward was finite, so the loss hook is what went non-finite
+    assert summary["stopped"] == {
+        "step": 3,
+        "kind": "nonfinite",
+        "cause": "non-finite loss with a finite forward of every fp16 op (step 3)",
+    }
 
 
-def test_bf16_on_cpu_trains_and_fp16_on_cpu_is_a_clear_error(tmp_path):
+def test_bf16_on_cpu_trains_and_compiled_fp16_on_cpu_is_a_clear_error(tmp_path):
     # epsilon-prediction: its loss starts near 1 (the input-free loss), so 1.2 bounds a run that trains
     result = train(
         tiny(tmp_path, "bf16", "train.mixed_precision=bf16", "diffusion.prediction=eps"), progress=False
@@ -91,9 +96,45 @@ def test_bf16_on_cpu_trains_and_fp16_on_cpu_is_a_clear_error(tmp_path):
     losses = [r["loss"] for r in records(result.run_dir)]
     assert all(math.isfinite(v) for v in losses) and losses[-1] < 1.2
     assert all(v.dtype == torch.float32 for v in load_file(result.checkpoint / "model.safetensors").values())
-    with pytest.raises(ScaleLongError, match="fp16 needs a GPU"):
-        train(tiny(tmp_path, "fp16", "train.mixed_precision=fp16"), progress=False)
+    # fp16 on the CPU trains (tests/test_fp16.py), but not compiled: inductor would not round to fp16
+    with pytest.raises(ScaleLongError, match="train.compile=true with train.mixed_precision=fp16 on the CPU"):
+        train(tiny(tmp_path, "fp16", "train.mixed_precision=fp16", "train.compile=true"), progress=False)
     assert not (tmp_path / "fp16").exists()
+
+
+def blow_up_skip_merge(at: int, value: float):
+    """A step hook: after step ``at`` the first out-block's skip merge gets weights of ``value``, so
+    its output passes fp16's 65,504 (or turns non-finite) while every earlier op stays as it was."""
+
+    def hook(step, trainer):
+        if step == at:
+            with torch.no_grad():
+                trainer.unwrapped.out_blocks[0].skip_linear.weight.fill_(value)
+
+    return hook
+
+
+@pytest.mark.parametrize("precision", ["fp16", "no"])
+def test_a_run_stopped_by_an_overflow_names_the_module_step_and_value(tmp_path, precision):
+    """fp16 on the CPU: the merge's output past 65,504 is inf, the run stops and its summary says
+    where (the module, the step, its largest value on the logged steps before). In fp32 the same
+    weights of 1e4 stay finite; weights of inf are a non-finite output fp32 shows too."""
+    value = 1e4 if precision == "fp16" else math.inf
+    extra = ["train.max_nonfinite_steps=2", "diagnostics.every=2"]
+    cfg = tiny(tmp_path, f"run-{precision}", f"train.mixed_precision={precision}", *extra)
+    with pytest.raises(scalelong.train.TrainingStopped) as stop:
+        train(cfg, progress=False, step_hooks=[blow_up_skip_merge(4, value)])  # after step 4's checkpoint
+    summary = json.loads((tmp_path / f"run-{precision}" / "summary.json").read_text())
+    cause = summary["stopped"]["cause"]
+    where = "fp16 overflow" if precision == "fp16" else "non-finite output, as fp32 would show too,"
+    assert cause.startswith(f"{where} in forward at out_blocks.0.skip_linear (step 6: |value| ")
+    assert "on the logged steps before)" in cause  # diagnostics every 2 steps: steps 2 and 4 seen
+    assert stop.value.cause == cause and f"the last: {cause}" in str(stop.value)
+    from scalelong.studies.divergence import cause as cause_of
+    from scalelong.studies.divergence import divergence
+
+    (found,) = divergence([], stopped=summary["stopped"])
+    assert cause_of(found) == f"nonfinite: {where} in forward at out_blocks.0.skip_linear"
 
 
 def test_grad_clip_bounds_the_update(tmp_path):

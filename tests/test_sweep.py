@@ -131,7 +131,8 @@ def test_sweep_records_divergence_reuses_runs_and_adds_seeds(tmp_path, capsys):
     assert "data:image/png;base64," in (sweep / "report.html").read_text()
     # lr 1e3 diverges at once: the run stops after 3 non-finite steps, and that is a result
     stopped = json.loads((sweep / "runs/d4-lr1000-none-seed0/summary.json").read_text())
-    assert stopped["status"] == "stopped" and stopped["stopped"] == {"step": 4, "kind": "nonfinite"}
+    assert stopped["status"] == "stopped" and stopped["stopped"]["step"] == 4
+    assert stopped["stopped"]["kind"] == "nonfinite" and "in forward at" in stopped["stopped"]["cause"]
     report = (sweep / "report.md").read_text()
     assert "| none | 0.02 | 1 | " in report and "| 1/1 (x0) |" in report
     assert "| none | 1000 | 1 | " in report and "| 1/1 (nonfinite) |" in report

@@ -132,6 +132,9 @@ def test_grad_accum_4_micro_batches_of_8_equal_one_batch_of_32_through_resume(tm
         keys = [k for k in a[step] if k != "img_per_s"]
         assert sorted(keys) == sorted(k for k in b[step] if k != "img_per_s")
         for k in keys:  # the oscillation windows after the resume included
+            if isinstance(a[step][k], str):  # fp16/least_op: a module's name
+                assert b[step][k] == a[step][k], (step, k)
+                continue
             assert b[step][k] == pytest.approx(a[step][k], rel=1e-4, abs=1e-6, nan_ok=True), (step, k)
     assert "skip/1/coef_mean" in a[3] and "block_grad_norm" in a[6]  # the diagnostics are compared
     for weights in ("model.safetensors", "ema.safetensors"):

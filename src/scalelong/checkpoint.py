@@ -5,7 +5,8 @@ Layout of ``checkpoints/step-000500/``::
     model.safetensors   the trained weights
     ema.safetensors     the EMA weights (what samplers use)
     optimizer.pt        the optimizer's state_dict (torch.save; read back with weights_only=True)
-    trainer.pt          lr schedule, grad scaler, RNG states of every process, data position, counters
+    trainer.pt          lr schedule, precision, grad scaler, RNG states of every process, data position,
+                        counters
     meta.json           step, format, the resolved config, size and sha256 of every file above
 
 A checkpoint is written into ``.tmp-step-000500`` and renamed when complete, so a crash never
@@ -281,6 +282,28 @@ def load_training_state(path: Path) -> dict:
         if not isinstance(state[name], dict):
             raise DamagedCheckpoint(path, f"{name}.pt holds a {type(state[name]).__name__}, not a dict")
     return state
+
+
+def check_resume_precision(trainer: dict, precision: str, path: Path) -> None:
+    """Refuse (one ScaleLongError line) to resume in ``precision`` (``fp32`` | ``bf16`` | ``fp16``)
+    from the checkpoint ``path`` whose trainer.pt (``trainer``) was written in another one, or an
+    fp16 resume whose checkpoint holds no loss-scaler state: the scale would silently restart.
+
+    A checkpoint from before the precision was recorded names it by its scaler state: fp16 runs
+    always have one."""
+    scaler = trainer.get("scaler")
+    written = trainer.get("precision") or ("fp16" if scaler is not None else None)
+    if written is not None and written != precision:
+        raise ScaleLongError(
+            f"checkpoint {path} was written by a run in {written} and this run computes in {precision}; "
+            f"resume it where it ran in {written} (train.mixed_precision, train.device), or pass "
+            "--overwrite to train again from step 0"
+        )
+    if precision == "fp16" and scaler is None:
+        raise ScaleLongError(
+            f"checkpoint {path} holds no loss-scaler state, which an fp16 run needs to resume; pass "
+            "--overwrite to train again from step 0"
+        )
 
 
 def load_weights(path: Path, name: str, module: nn.Module) -> None:

@@ -171,7 +171,7 @@ class TrainConfig:
     ema_decay: float = 0.9999
     log_every: int = 10
     device: str = "auto"  # auto | cpu | cuda
-    mixed_precision: str | bool = "no"  # no | fp16 (loss scaling, GPU only) | bf16; YAML reads no as false
+    mixed_precision: str | bool = "no"  # no | fp16 (loss scaling; CPU too) | bf16; YAML reads no as false
     compile: bool = False  # torch.compile the training forward (diagnostic steps run eager); see benchmarks
     # `scalelong train` on a CPU: data-parallel processes of one thread each (what --num-processes N
     # does), up to the cores; 1: one process on every core. Studies place their runs with --jobs.
@@ -214,7 +214,7 @@ class EvalConfig:
     steps: int = 50
     batch_size: int = 250
     final_num_samples: int = 5000  # re-score the best checkpoint with this many (the recipe: 50k); 0: off
-    mixed_precision: str | bool = "no"  # the sampler's network forward: no (fp32) | bf16 autocast
+    mixed_precision: str | bool = "no"  # the sampler's network forward: no (fp32) | bf16 | fp16 autocast
 
 
 @dataclass
@@ -625,7 +625,7 @@ def _validate_eval(e: EvalConfig) -> None:
     _choice("eval.metric", e.metric, METRIC_NAMES)
     if e.mixed_precision is False:  # a bare `no` in YAML
         e.mixed_precision = "no"
-    _choice("eval.mixed_precision", str(e.mixed_precision), ("no", "bf16"))
+    _choice("eval.mixed_precision", str(e.mixed_precision), MIXED_PRECISION)
     _choice("eval.sampler", e.sampler, SAMPLER_NAMES)
     for key in ("num_samples", "steps", "batch_size"):
         _positive(f"eval.{key}", getattr(e, key))

@@ -71,6 +71,13 @@ Metric names (flat, ready for metrics.jsonl and TensorBoard; skip 1 is the outer
   ``absmax`` and ``absmax_in``: how many times the features could still grow before half
   precision overflows (:func:`fp16_headroom`). ``scalelong analyze`` prints one line when a run
   came within 10x of it (:func:`headroom_warning`).
+* ``fp16/headroom_ops``: 65,504 over the largest output ``|value|`` of the step's fp16 ops (the
+  modules fp16 autocast runs in half precision, :func:`scalelong.overflow.fp16_ops`: every Linear
+  and convolution, attention, the U-ViT's ``skip_linear`` merge); ``fp16/headroom_grad``: the same
+  of the gradients reaching those outputs (the scaled ones under a GradScaler: what fp16 holds);
+  ``fp16/least_op``: the name of the op with the largest output, the one with the least headroom.
+  A non-finite value counts as inf (headroom 0). Measured in fp32, bf16 and fp16 runs alike;
+  :meth:`Diagnostics.locate_overflow` names the first op that overflows in a forward.
 * ``feature_norm`` (mean over blocks), ``block_grad_norm`` (L2 over all blocks), and for these
   and ``loss``: ``osc/<series>_std``, ``osc/<series>_range``, ``osc/<series>_peak_ratio``
   (largest / median) over the last ``window`` logged values.
@@ -88,11 +95,12 @@ Non-finite values are recorded as they are and counted, never dropped.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import statistics
 import warnings
 from collections import deque
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 
 import torch
 from torch import nn
@@ -100,6 +108,8 @@ from torch import nn
 from scalelong import metric_names
 from scalelong.diffusion import add_noise
 from scalelong.errors import ScaleLongError
+from scalelong.overflow import FP16_MAX, OpWatch, Overflow, fp16_ops, unwrap  # the first two lived here
+from scalelong.overflow import locate_overflow as _locate_overflow
 from scalelong.runlog import RunLog  # re-exported: it used to live here
 from scalelong.skips import SkipScaling, find_skip_scaling
 
@@ -110,19 +120,7 @@ _SKIP_KINDS = {
     "norm_in": "mean", "norm_out": "mean", "coef_mean": "mean", "coef_min": "min", "coef_max": "max",
     "absmax_in": "max",
 }  # fmt: skip
-FP16_MAX = 65504.0  # torch.finfo(torch.float16).max: the largest finite half-precision value
 HEADROOM_WARNING = 10.0  # `scalelong analyze` speaks up when a run came within this factor of FP16_MAX
-
-
-def unwrap(model: nn.Module) -> nn.Module:
-    """The user's module inside DDP / DataParallel / torch.compile wrappers."""
-    while True:
-        if isinstance(model, (nn.parallel.DistributedDataParallel, nn.DataParallel)):
-            model = model.module
-        elif hasattr(model, "_orig_mod") and isinstance(model._orig_mod, nn.Module):
-            model = model._orig_mod
-        else:
-            return model
 
 
 def find_blocks(model: nn.Module) -> dict[str, nn.Module]:
@@ -182,6 +180,11 @@ def _merge(old: list | None, new: list, kinds: Sequence[str]) -> list:
     return [*out, n_old + n_new]
 
 
+def _inf_for_nan(values: Iterable[float]) -> list[float]:
+    """An op's NaN as inf: an overflow is recorded, never dropped (headroom 0, not unknown)."""
+    return [math.inf if math.isnan(v) else v for v in values]
+
+
 def window_stats(values: Iterable[float]) -> dict[str, float]:
     """std, range and largest / median of the finite values (NaN when fewer than two)."""
     v = [x for x in values if math.isfinite(x)]
@@ -206,10 +209,16 @@ class Diagnostics:
         window: number of logged values the oscillation statistics look back over.
         spike_factor: a loss above this multiple of the window's median counts as a spike.
         blocks: explicit ``{name: module}`` to use instead of :func:`find_blocks`.
+        ops: explicit ``{name: module}`` whose outputs and gradients ``fp16/headroom_ops``,
+            ``fp16/headroom_grad`` and ``fp16/least_op`` cover, instead of
+            :func:`scalelong.overflow.fp16_ops` (every module fp16 autocast runs in fp16);
+            ``{}`` leaves the three out of the record.
 
     It listens from construction. Each step, ``arm(step)`` before the forward, and
     ``collect(step, loss)`` after backward, before the optimizer step (an empty record on steps
-    that were not armed). ``detach()`` (or the end of a ``with`` block) removes every hook.
+    that were not armed). ``detach()`` (or the end of a ``with`` block) removes every hook. On a
+    step whose loss is not finite, ``locate_overflow(lambda: model(x_t, t))`` names the first op
+    whose output went past fp16's range in that forward.
     With the package's U-ViT and a plain loop::
 
         import torch
@@ -237,6 +246,7 @@ class Diagnostics:
         window: int = 20,
         spike_factor: float = 3.0,
         blocks: dict[str, nn.Module] | None = None,
+        ops: Mapping[str, nn.Module] | None = None,
     ):
         if every < 0 or window < 2 or spike_factor <= 1.0:
             raise ScaleLongError(
@@ -259,6 +269,10 @@ class Diagnostics:
         self._handles: list[torch.utils.hooks.RemovableHandle] = []
         self._skips: dict[int, list] = {}  # index -> [norm_in, norm_out, coef mean, min, max, samples]
         self._features: dict[str, list] = {}  # block -> [feature norm, samples]
+        # One absmax per op output and per gradient reaching it, on armed steps only (fp16/headroom_ops).
+        self.op_watch = OpWatch(fp16_ops(model) if ops is None else ops)
+        self._op_history: dict[str, float] = {}  # op -> its largest finite output |value| so far
+        self._quiet = False  # a forward that is no step's (locate_overflow) is not recorded
         self._armed_step: int | None = None
         self.attach()  # listening from construction: a forgotten attach() can no longer log nothing
 
@@ -277,9 +291,15 @@ class Diagnostics:
         self.attached = False
 
     def state_dict(self) -> dict:
-        """What a resumed run needs to continue the records exactly: the sliding windows and counts."""
+        """What a resumed run needs to continue the records exactly: the sliding windows, counts and
+        every op's largest output so far (:meth:`largest_op_values`)."""
         history = {k: list(v) for k, v in self.history.items()}
-        return {"history": history, "spikes": self.spikes, "nonfinite_total": self.nonfinite_total}
+        return {
+            "history": history,
+            "spikes": self.spikes,
+            "nonfinite_total": self.nonfinite_total,
+            "op_history": dict(self._op_history),
+        }
 
     def load_state_dict(self, state: dict) -> None:
         for k, values in state["history"].items():
@@ -287,6 +307,32 @@ class Diagnostics:
                 self.history[k].clear()
                 self.history[k].extend(values)  # the newest ``window`` values
         self.spikes, self.nonfinite_total = state["spikes"], state["nonfinite_total"]
+        self._op_history = dict(state.get("op_history", {}))  # absent in states written before it
+
+    # ------------------------------------------------------------------ fp16 overflow
+
+    def largest_op_values(self) -> dict[str, float]:
+        """Per fp16 op, its largest finite output ``|value|`` over the logged steps so far (a
+        non-finite one is no history: it is what :meth:`locate_overflow` is for)."""
+        return dict(self._op_history)
+
+    def locate_overflow(
+        self, forward: Callable[[], object], limit: float = FP16_MAX, step: int | None = None
+    ) -> Overflow | None:
+        """:func:`scalelong.overflow.locate_overflow` on this model: run ``forward()`` (e.g.
+        ``lambda: model(x_t, t)``, the batch of a step whose loss was not finite) and return the
+        first fp16 op whose output went past ``limit``, with ``largest_before``, its largest output
+        ``|value|`` over the logged steps before; None if none did. The statistics of an armed step
+        are left alone: this forward is not recorded."""
+        quiet, paused = self._quiet, self.op_watch.paused
+        self._quiet = self.op_watch.paused = True
+        try:
+            found = _locate_overflow(self.model, forward, limit, step)
+        finally:
+            self._quiet, self.op_watch.paused = quiet, paused
+        if found is None:
+            return None
+        return dataclasses.replace(found, largest_before=self._op_history.get(found.module))
 
     def __enter__(self) -> Diagnostics:
         return self if self.attached else self.attach()
@@ -333,6 +379,7 @@ class Diagnostics:
             raise ScaleLongError("the model's SkipScaling already has another probe; detach it first")
         self._skips.clear()
         self._features.clear()
+        self.op_watch.arm()
         if self.scaling is not None:
             self.scaling.probe = self._probe
         for name, block in self.blocks.items():
@@ -344,6 +391,7 @@ class Diagnostics:
         for h in self._handles:
             h.remove()
         self._handles.clear()
+        self.op_watch.disarm()
         if self.scaling is not None and self.scaling.probe == self._probe:
             self.scaling.probe = None
 
@@ -361,6 +409,8 @@ class Diagnostics:
     def _probe(
         self, index: int, skip: torch.Tensor, coef: torch.Tensor | float | None, out: torch.Tensor
     ) -> None:
+        if self._quiet:
+            return
         if isinstance(coef, torch.Tensor):
             c = coef.detach().float()
             c_stats = [c.mean(), c.min(), c.max()]
@@ -374,6 +424,8 @@ class Diagnostics:
 
     def _feature_hook(self, name: str):
         def hook(module: nn.Module, args: object, output: object) -> None:
+            if self._quiet:
+                return
             if isinstance(output, (tuple, list)):  # blocks that also return extras: first is the feature
                 output = output[0]
             if isinstance(output, torch.Tensor):
@@ -384,7 +436,7 @@ class Diagnostics:
 
     # ------------------------------------------------------------------ reading
 
-    def collect(self, step: int, loss: float) -> dict[str, float]:
+    def collect(self, step: int, loss: float) -> dict[str, float | str]:
         """Metrics of the armed step (call after backward, before zero_grad); removes the hooks.
 
         On a step :meth:`arm` did not arm it returns ``{}`` and leaves the oscillation windows and
@@ -415,14 +467,22 @@ class Diagnostics:
         # Missing measurements (a skip or block that did not run, a frozen block) become NaN in
         # the record but are not counted as non-finite values of the model.
         measured = [t for t in tensors if t is not None]
-        values_measured = (
-            torch.stack([t.float().to(measured[0].device) for t in measured]).cpu().tolist()
-            if measured
+        # ... read back with the ops' largest outputs and gradients, in one device-to-host copy.
+        op_outputs, op_grads = self.op_watch.outputs, self.op_watch.grads
+        self.op_watch.clear()
+        everything = [*measured, *op_outputs.values(), *op_grads.values()]
+        host = (
+            torch.stack([t.float().to(everything[0].device) for t in everything]).cpu().tolist()
+            if everything
             else []
         )
+        n, n_out = len(measured), len(op_outputs)
+        values_measured = host[:n]
+        op_out = dict(zip(op_outputs, _inf_for_nan(host[n : n + n_out]), strict=True))
+        op_grad = dict(zip(op_grads, _inf_for_nan(host[n + n_out :]), strict=True))
         it = iter(values_measured)
         values = [next(it) if t is not None else math.nan for t in tensors]
-        out: dict[str, float] = dict(zip(names, values, strict=True))
+        out: dict[str, float | str] = dict(zip(names, values, strict=True))
         self._skips.clear()
         self._features.clear()
 
@@ -437,6 +497,14 @@ class Diagnostics:
             if t is not None and metric_names.is_absmax(k)
         )
         out[metric_names.FP16_HEADROOM] = fp16_headroom(absmax)
+        if self.op_watch.ops:
+            out[metric_names.FP16_HEADROOM_OPS] = fp16_headroom(op_out.values())
+            out[metric_names.FP16_HEADROOM_GRAD] = fp16_headroom(op_grad.values())
+            if op_out:
+                out[metric_names.FP16_LEAST_OP] = max(op_out, key=op_out.__getitem__)  # first of ties
+            for name, value in op_out.items():
+                if math.isfinite(value) and value > self._op_history.get(name, -math.inf):
+                    self._op_history[name] = value
         loss = float(loss)
         # Counted over the measurements only: early window statistics are NaN by design.
         nonfinite = sum(not math.isfinite(v) for v in values_measured) + (not math.isfinite(loss))

@@ -16,6 +16,7 @@ only on its seed, so the distance is that of one process drawing them all.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import math
@@ -34,6 +35,7 @@ from scalelong.config import HELDOUT_DATASETS, Config, EvalConfig, write_text_at
 from scalelong.diffusion import mean_image_error, noise_level_errors
 from scalelong.errors import ScaleLongError
 from scalelong.fd_mnist import digit_score_of_features, real_digit_score
+from scalelong.fp16 import gpu_fp16_autocast
 from scalelong.frechet import (
     FeatureFn,
     batch_features,
@@ -73,9 +75,20 @@ def reference_for(e: EvalConfig) -> tuple[np.ndarray, np.ndarray]:
 
 
 def forward_precision(cfg: Config, device: torch.device | str) -> str:
-    """What the sampler's network forward runs in, ``bf16`` or ``fp32``: ``eval.mixed_precision``,
+    """What the sampler's network forward runs in, ``bf16``, ``fp16`` or ``fp32``: ``eval.mixed_precision``,
     except bf16 on a CPU that only emulates it (:func:`scalelong.launch.bf16_runs_natively`)."""
+    if cfg.eval.mixed_precision == "fp16":
+        return "fp16"
     return "bf16" if cfg.eval.mixed_precision == "bf16" and bf16_runs_natively(device) else "fp32"
+
+
+def forward_autocast(precision: str, device: torch.device | str) -> contextlib.AbstractContextManager:
+    """The autocast of :func:`forward_precision`'s ``precision`` on ``device``. fp16 on the CPU is
+    CUDA's fp16 autocast computed there (:func:`scalelong.fp16.gpu_fp16_autocast`), as training does."""
+    kind = torch.device(device).type
+    if precision == "fp16":
+        return gpu_fp16_autocast() if kind == "cpu" else torch.autocast(kind, dtype=torch.float16)
+    return torch.autocast(kind, dtype=torch.bfloat16, enabled=precision == "bf16")
 
 
 @torch.no_grad()
@@ -95,14 +108,15 @@ def sample_features(
 
     schedule, shape = build_schedule(cfg.diffusion), model_input_shape(cfg.model)
     num_classes = max(getattr(model, "num_classes", 0), 1)
-    # eval.mixed_precision=bf16: the network's forward only; the sampler's arithmetic stays in fp32
-    # (model_eps_fn casts the output), and so do the features.
-    low = forward_precision(cfg, device) == "bf16"
+    # eval.mixed_precision=bf16 or fp16: the network's forward only; the sampler's arithmetic stays in
+    # fp32 (model_eps_fn casts the output; the policies leave fp32 elementwise ops alone), and so do the
+    # features.
+    precision = forward_precision(cfg, device)
     out = []
     for start in tqdm(range(0, len(seeds), batch_size), disable=not progress, unit="batch"):
         chunk = list(seeds[start : start + batch_size])
         labels = torch.tensor(chunk) % num_classes
-        with torch.autocast(torch.device(device).type, dtype=torch.bfloat16, enabled=low):
+        with forward_autocast(precision, device):
             images = generate(model, schedule, sampler, steps, chunk, shape, labels, device)
         out.append(features(images.float()))
     return torch.cat(out)
@@ -440,7 +454,7 @@ def evaluate_run(
 ) -> dict:
     """Sample ``n`` images of a run's checkpoint and score them; the result goes to ``run_dir/eval/``.
 
-    ``mixed_precision`` (``no`` | ``bf16``; default: the run's ``eval.mixed_precision``) is the
+    ``mixed_precision`` (``no`` | ``bf16`` | ``fp16``; default: the run's ``eval.mixed_precision``) is the
     precision of the sampler's network forward.
 
     ``weights``: the checkpoint's ``ema`` (the default, what the recipe scores) or raw ``model``
@@ -500,7 +514,7 @@ def evaluate_run(
     if writer is None and writer_of(run.eval_dir) is None:
         run.eval_dir.mkdir(exist_ok=True)
         tag = "" if weights == "ema" else f"-{weights}"  # the raw weights' score never replaces the EMA's
-        tag += "-bf16" if result["fd_precision"] == "bf16" else ""  # nor a bf16 one the fp32 one
+        tag += "" if result["fd_precision"] == "fp32" else f"-{result['fd_precision']}"  # nor the fp32 one
         name = f"{metric}-{ckpt.name}{tag}-n{n}-{sampler}{steps}.json"
         write_text_atomic(run.eval_dir / name, json.dumps(result, indent=1))
     return result

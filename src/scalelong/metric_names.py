@@ -14,7 +14,10 @@ half (diagnostics) and the application half (plots, studies) can both use it.
   kind ``x0`` or ``eps`` (``noise/raw/<kind>_mse@<level>``: of the trained weights), and
   ``noise/x0_mse_mean_image``, the mean image's x0 error;
 * ``digits/confident``, ``digits/entropy``: the digit score of an fd-mnist evaluation;
-* ``fp16/headroom``: 65,504 over the largest ``absmax`` / ``absmax_in`` of a logged step.
+* ``fp16/headroom``: 65,504 over the largest ``absmax`` / ``absmax_in`` of a logged step;
+  ``fp16/headroom_ops`` / ``fp16/headroom_grad``: over the largest output / gradient ``|value|``
+  of the ops fp16 autocast runs in half precision; ``fp16/least_op``: the op with the largest
+  output (a string, the module's name).
 """
 
 from __future__ import annotations
@@ -30,6 +33,9 @@ X0_MEAN_IMAGE = "noise/x0_mse_mean_image"
 DIGITS_CONFIDENT = "digits/confident"
 DIGITS_ENTROPY = "digits/entropy"
 FP16_HEADROOM = "fp16/headroom"  # fp16's largest finite value over the step's largest absolute value
+FP16_HEADROOM_OPS = "fp16/headroom_ops"  # ... over the largest output of an op autocast runs in fp16
+FP16_HEADROOM_GRAD = "fp16/headroom_grad"  # ... over the largest gradient reaching such an output
+FP16_LEAST_OP = "fp16/least_op"  # the name of the op with the largest output: a string
 ABSMAX_STATS = ("absmax", "absmax_in")  # the largest absolute value of a block's output / a skip's input
 
 _SKIP = re.compile(r"^skip/(\d+)/(\w+)$")

@@ -65,14 +65,16 @@ def device_name(device: torch.device | str) -> str:
 
 
 def command_line() -> list[str]:
-    """The command that started this process, as a user would type it: ``scalelong ...`` for the
-    entry point and for ``python -m scalelong.cli`` alike (a pool worker started by spawn reads its
-    parent's command)."""
+    """The ``scalelong`` command that started this process, as a user would type it, for the entry
+    point and ``python -m scalelong.cli`` alike (a pool worker started by spawn reads its parent's
+    command); empty when another program did (a user's script, a test runner, a cluster job's
+    wrapper), whose command line would not make the run again."""
     if not sys.argv or not sys.argv[0]:
         return []
     first = Path(sys.argv[0])
-    inside = first.name == "scalelong" or first.resolve().is_relative_to(_PACKAGE_DIR)
-    return ["scalelong" if inside else first.name, *sys.argv[1:]]
+    if first.name == "scalelong" or first.resolve().is_relative_to(_PACKAGE_DIR):
+        return ["scalelong", *sys.argv[1:]]
+    return []
 
 
 def package_version() -> str | None:

@@ -29,6 +29,7 @@ import copy
 import dataclasses
 import functools
 import hashlib
+import math
 import time
 import warnings
 from collections.abc import Callable, Iterator
@@ -51,6 +52,7 @@ from scalelong.build import (
 )
 from scalelong.checkpoint import (
     DamagedCheckpoint,
+    check_resume_precision,
     load_newest,
     load_state,
     load_training_state,
@@ -63,10 +65,12 @@ from scalelong.diffusion import denoising_loss, input_free_loss
 from scalelong.errors import ScaleLongError
 from scalelong.evaluation import NoiseLevelProbe, TrainingEvaluator
 from scalelong.fd_mnist import format_digit_score
+from scalelong.fp16 import autocast_forward
 from scalelong.launch import make_accelerator, on_main_process, sigterm_as_interrupt
 from scalelong.models import conditioning
 from scalelong.optim import ema_update, lr_factor
-from scalelong.provenance import provenance
+from scalelong.overflow import FP16_MAX, locate_overflow
+from scalelong.provenance import PRECISION_NAMES, provenance
 from scalelong.runs import RunDir
 from scalelong.sampling import generate
 from scalelong.tracking import Tracker
@@ -118,17 +122,18 @@ class TrainingStopped(ScaleLongError):
     """The non-finite policy ended a run early (``train.max_nonfinite_steps`` in a row).
 
     A result of the run rather than a mistake: the run directory keeps its last good checkpoint
-    and a summary.json with status "stopped" whose ``stopped`` entry records ``step`` and
-    ``kind``. The command line still reports it as one line with exit code 2; studies
-    (``scalelong compare``, ``sweep``) record it and go on with the other runs.
+    and a summary.json with status "stopped" whose ``stopped`` entry records ``step``, ``kind``
+    and ``cause`` (where the last skipped step went non-finite: :meth:`Trainer.locate`). The
+    command line still reports it as one line with exit code 2; studies (``scalelong compare``,
+    ``sweep``) record it and go on with the other runs.
     """
 
-    def __init__(self, message: str, step: int, kind: str = "nonfinite"):
+    def __init__(self, message: str, step: int, kind: str = "nonfinite", cause: str = ""):
         super().__init__(message)
-        self.step, self.kind = step, kind
+        self.step, self.kind, self.cause = step, kind, cause
 
     def __reduce__(self):  # pickles whole across worker processes
-        return type(self), (str(self), self.step, self.kind)
+        return type(self), (str(self), self.step, self.kind, self.cause)
 
 
 class TrainingInterrupted(ScaleLongError):
@@ -257,6 +262,13 @@ class Trainer:
         # using the eager module, and diagnostic steps run eager so their hooks and the skip probe
         # never cause a recompile (benchmarks/train_step.py measures compile time and speed).
         self.compiled = torch.compile(self.model) if cfg.train.compile else None
+        # train.mixed_precision=fp16 on the CPU: Accelerate runs fp32 (make_accelerator), and the
+        # trainer does what Accelerate does with a GPU: the forward under CUDA's fp16 autocast policy
+        # (scalelong.fp16, computed in fp32 on fp16 values) with fp32 outputs, and a loss scaler.
+        self.cpu_fp16 = cfg.train.mixed_precision == "fp16" and accelerator.device.type == "cpu"
+        self.scaler = torch.amp.GradScaler("cpu") if self.cpu_fp16 else accelerator.scaler
+        self.precision = "fp16" if self.cpu_fp16 else accelerator.mixed_precision  # what the run computes in
+        self.cause = ""  # why the last skipped step was skipped (Trainer.locate)
         self.params = [p for p in self.model.parameters() if p.requires_grad]
         # One generator for the whole global batch, advanced alike on every process.
         self.noise_gen = torch.Generator().manual_seed(cfg.train.seed)
@@ -346,11 +358,47 @@ class Trainer:
         overflow: skipped by the scaler, which lowers the scale)."""
         step = self.step + 1
         diagnose = self.diagnostics is not None and self.diagnostics.arm(step)
-        loss = self.accumulate(step, images, labels, self.draws(images.shape), eager=diagnose)
+        draws = self.draws(images.shape)
+        loss = self.accumulate(step, images, labels, draws, eager=diagnose)
         loss_all, gnorm, finite = self.gradients(loss)
         if diagnose:  # before the update: gradients and features of this very step
             self.diag_metrics = self.diagnostics.collect(step, float(loss_all))
-        return loss_all, gnorm, self.update(gnorm, *finite)
+        outcome = self.update(gnorm, *finite)
+        if outcome != "ok":  # the weights are those of the failed forward: the update was skipped
+            self.cause = self.locate(step, images, labels, draws, loss_ok=finite[0])
+        return loss_all, gnorm, outcome
+
+    def locate(self, step: int, images: torch.Tensor, labels: torch.Tensor, d: Draws, loss_ok: bool) -> str:
+        """Why ``step`` was skipped, in one line: its forward replayed on the first micro-batch
+        (same draws, no gradient, the plain module) names the first fp16 op whose output overflowed
+        (:func:`scalelong.overflow.locate_overflow`; in an fp32 or bf16 run the first non-finite
+        one); with a finite forward, the gradients overflowed (fp16: the scaler lowered its scale)."""
+        rows = slice(0, self.micro_batch)
+        fp16 = self.precision == "fp16"
+        limit = FP16_MAX if fp16 else math.inf  # an fp32 or bf16 run overflows only at inf
+
+        def forward() -> None:
+            with torch.no_grad():
+                self.loss(images[rows], labels[rows], d.part(rows), eager=True, net=self.unwrapped)
+
+        if self.diagnostics is not None:
+            found = self.diagnostics.locate_overflow(forward, limit=limit, step=step)
+        else:
+            found = locate_overflow(self.unwrapped, forward, limit=limit, step=step)
+        if found is not None:
+            before = (
+                ""
+                if found.largest_before is None
+                else f", {found.largest_before:.3g} on the logged steps before"
+            )
+            what = "fp16 overflow" if fp16 else "non-finite output, as fp32 would show too,"
+            return f"{what} in forward at {found.module} (step {step}: |value| {found.value:.3g}{before})"
+        if self.scaler is not None and loss_ok:
+            scale = float(self.scaler.get_scale())
+            return f"gradient overflow: the loss scale lowered to {scale:g} (step {step})"
+        if not loss_ok:
+            return f"non-finite loss with a finite forward of every fp16 op (step {step})"
+        return f"non-finite gradients with a finite forward (step {step}): a divergence fp32 shows too"
 
     def accumulate(
         self, step: int, images: torch.Tensor, labels: torch.Tensor, d: Draws, eager: bool = False
@@ -372,19 +420,24 @@ class Trainer:
                 loss, loss_free = self.loss(images[rows], labels[rows], d.part(rows), eager=eager)
                 for hook in self.loss_hooks:
                     loss = hook(step, loss)
-                self.acc.backward(loss / parts)
+                self.acc.backward(self.scaler.scale(loss / parts) if self.cpu_fp16 else loss / parts)
             total += loss.detach()
             free += loss_free
         self.input_free = free / parts
         return total / parts
 
     def loss(
-        self, images: torch.Tensor, labels: torch.Tensor, d: Draws, eager: bool = False
+        self,
+        images: torch.Tensor,
+        labels: torch.Tensor,
+        d: Draws,
+        eager: bool = False,
+        net: nn.Module | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """Mean denoising loss of ``images`` (a micro-batch of this process) under their draws ``d``
         (flips, times, noise, dropped captions), and the mean loss of the best guess that ignores
         x_t (:func:`~scalelong.diffusion.input_free_loss`); ``eager`` bypasses the compiled forward
-        (diagnostic steps)."""
+        (diagnostic steps); ``net`` runs that module instead of the prepared one (a replay)."""
         dev = self.acc.device
         x0 = images.to(dev, non_blocking=True)
         if self.cfg.data.hflip:
@@ -397,15 +450,20 @@ class Trainer:
         t, noise = d.t.to(dev), d.noise.to(dev)
         if self.compiled is not None and not eager:
             try:
-                loss = denoising_loss(self.compiled, self.schedule, x0, t, noise, **cond)
+                loss = denoising_loss(self.forward(self.compiled), self.schedule, x0, t, noise, **cond)
             except Exception as e:  # inductor without a C++ compiler, an unsupported op, ...
                 if not _is_compile_failure(e):
                     raise
                 print(f"warning: train.compile: torch.compile failed ({_first_line(e)}); training eager")
                 self.compiled = None
         if self.compiled is None or eager:
-            loss = denoising_loss(self.model, self.schedule, x0, t, noise, **cond)
+            loss = denoising_loss(self.forward(net or self.model), self.schedule, x0, t, noise, **cond)
         return loss.mean(), input_free_loss(self.schedule, x0, t, noise, self.mean_image).mean()
+
+    def forward(self, net: Callable) -> Callable:
+        """The training forward of ``net``: under CUDA's fp16 autocast policy when the run trains in
+        fp16 on the CPU (Accelerate's prepared model already autocasts on a GPU)."""
+        return autocast_forward(net) if self.cpu_fp16 else net
 
     @functools.cached_property
     def mean_image(self) -> torch.Tensor:
@@ -421,8 +479,10 @@ class Trainer:
     def gradients(self, loss: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, tuple[bool, bool]]:
         """After :meth:`accumulate`: (``loss`` averaged over processes, gradient norm, (loss finite,
         gradients finite)). One host sync, which every process answers alike."""
-        if self.acc.scaler is not None:
-            self.acc.unscale_gradients()  # the norm, the check and clipping need true gradients
+        if self.cpu_fp16:  # the norm, the check and clipping need true gradients
+            self.scaler.unscale_(self.optimizer.optimizer)
+        elif self.scaler is not None:
+            self.acc.unscale_gradients()
         gnorm = grad_norm(self.params)
         loss_all = self.acc.reduce(loss.detach(), "mean") if self.acc.num_processes > 1 else loss.detach()
         # Skipping a step must be decided before the update. gnorm comes from all-reduced
@@ -438,12 +498,15 @@ class Trainer:
         if loss_ok and grads_ok and clip > 0:
             grads = [p.grad for p in self.params if p.grad is not None]
             torch._foreach_mul_(grads, (clip / (gnorm + 1e-6)).clamp(max=1.0))
-        if (loss_ok and grads_ok) or self.acc.scaler is not None:
+        if self.cpu_fp16:  # as AcceleratedOptimizer.step does with a GPU's scaler
+            self.scaler.step(self.optimizer.optimizer)  # skips non-finite gradients itself
+            self.scaler.update()  # and then lowers the scale
+        elif (loss_ok and grads_ok) or self.scaler is not None:
             self.optimizer.step()  # fp16: the scaler skips non-finite gradients itself and lowers the scale
         self.optimizer.zero_grad(set_to_none=True)
         s = self.state
         s.step += 1
-        if not loss_ok or (not grads_ok and self.acc.scaler is None):
+        if not loss_ok or (not grads_ok and self.scaler is None):
             s.nonfinite_total += 1
             s.nonfinite_streak += 1
             return "nonfinite"
@@ -465,10 +528,11 @@ class Trainer:
     def state_dict(self, rng_states: list[dict]) -> dict:
         """trainer.pt: everything a resume restores but the weights and the optimizer; ``rng_states``
         holds one entry per process (restored by :meth:`restore_rng`)."""
-        scaler = self.acc.scaler
+        scaler = self.scaler
         return {
             **self.state.state_dict(),  # step, counters
             "noise_gen": self.noise_gen.get_state(),
+            "precision": PRECISION_NAMES.get(self.precision, self.precision),  # a resume must match it
             "scaler": scaler.state_dict() if scaler is not None else None,
             "rng": rng_states,
             "data": self.data_position(),
@@ -484,8 +548,8 @@ class Trainer:
             raise ScaleLongError(f"checkpoint {source} was written with another batch size or seed")
         self.state.load_state_dict(state)
         self.noise_gen.set_state(state["noise_gen"])
-        if self.acc.scaler is not None and state["scaler"] is not None:
-            self.acc.scaler.load_state_dict(state["scaler"])
+        if self.scaler is not None:  # check_resume_precision made sure the checkpoint holds its state
+            self.scaler.load_state_dict(state["scaler"])
         if self.diagnostics is not None and state.get("diagnostics") is not None:
             self.diagnostics.load_state_dict(state["diagnostics"])  # oscillation windows, spike count
 
@@ -521,6 +585,8 @@ class Trainer:
         checksums over garbage), raises :class:`DamagedCheckpoint`, and a later call with an older
         checkpoint replaces whatever this one restored."""
         state = load_training_state(path)
+        # Not a damaged checkpoint: every checkpoint of the run was written in that precision.
+        check_resume_precision(state["trainer"], PRECISION_NAMES.get(self.precision, self.precision), path)
         load_state(self.unwrapped, state["model"], str(path / "model.safetensors"))
         load_state(self.ema, state["ema"], str(path / "ema.safetensors"))
         try:
@@ -657,9 +723,10 @@ class Trainer:
         streak, limit = self.state.nonfinite_streak, self.cfg.train.max_nonfinite_steps
         return TrainingStopped(
             f"training stopped at step {step}: {streak} steps in a row had a non-finite loss or gradient "
-            f"(train.max_nonfinite_steps={limit}); lower optim.lr, set train.grad_clip or use "
-            f"train.mixed_precision=no; {self.run} keeps the last good checkpoint",
+            f"(train.max_nonfinite_steps={limit}; the last: {self.cause}); lower optim.lr, set "
+            f"train.grad_clip or use train.mixed_precision=no; {self.run} keeps the last good checkpoint",
             step,
+            cause=self.cause,
         )
 
     def _log(
@@ -680,9 +747,9 @@ class Trainer:
             "nonfinite_steps": window["nonfinite"],
             "nonfinite_total": self.state.nonfinite_total,
         }
-        if self.acc.scaler is not None:
+        if self.scaler is not None:
             record["overflow_steps"] = window["overflow"]
-            record["loss_scale"] = float(self.acc.scaler.get_scale())
+            record["loss_scale"] = float(self.scaler.get_scale())
         record.update(extra)
         if tracker is not None:
             tracker.log({k: v for k, v in record.items() if v is not None})
@@ -791,7 +858,7 @@ def _fit(trainer: Trainer, progress: bool, start_state: dict | None) -> RunResul
         )
         raise TrainingInterrupted(error) from None
     except TrainingStopped as e:  # an outcome of the run: where it stopped goes in the summary
-        status, error, stopped = "stopped", str(e), {"step": e.step, "kind": e.kind}
+        status, error, stopped = "stopped", str(e), {"step": e.step, "kind": e.kind, "cause": e.cause}
         raise
     except ScaleLongError as e:
         status, error = "stopped", str(e)
@@ -846,13 +913,17 @@ def _end(
         "steps": trainer.step,
         "nonfinite_steps": trainer.state.nonfinite_total,
     }
+    if trainer.scaler is not None:  # fp16: steps whose update the loss scaler skipped, apart
+        summary["overflow_steps"] = trainer.state.overflow_total
     if error is not None:
         summary["error"] = error
     if stopped is not None:
         summary["stopped"] = stopped
     if final is not None:
         summary["best"] = final
-    summary["provenance"] = provenance(trainer.acc.mixed_precision, trainer.acc.device)
+    if trainer.cause:  # the last skipped step: where it went non-finite (Trainer.locate)
+        summary["last_skipped"] = trainer.cause
+    summary["provenance"] = provenance(trainer.precision, trainer.acc.device)
     run.write_summary(summary)
 
 

@@ -67,7 +67,9 @@ def _trailing_mean(values: Sequence[float], window: int) -> list[float]:
 def _nonfinite(records: Records, stopped: Mapping | None) -> Divergence | None:
     """(a): stopped by the non-finite policy, or its last logged steps all non-finite."""
     if stopped:
-        return Divergence("nonfinite", int(stopped["step"]), "stopped on non-finite steps in a row")
+        cause = stopped.get("cause")
+        detail = "stopped on non-finite steps in a row" + (f"; the last: {cause}" if cause else "")
+        return Divergence("nonfinite", int(stopped["step"]), detail)
     logged = [r for r in records if "nonfinite_steps" in r]
     if (
         logged
@@ -178,6 +180,27 @@ def feature_growth(records: Records, warmup_steps: int) -> float:
     if reference is None or reference <= 0:
         return math.nan
     return norms[-1] / reference if math.isfinite(norms[-1]) else math.inf
+
+
+def cause(d: Divergence) -> str:
+    """A failure's cause as a study counts it: the criterion, and for a run stopped on non-finite
+    steps where its last skipped step went non-finite (``fp16 overflow in forward at
+    out_blocks.0.skip_linear``, ``gradient overflow``, ``non-finite output ... at MODULE``)."""
+    if d.criterion != "nonfinite" or "; the last: " not in d.detail:
+        return d.criterion
+    last = d.detail.split("; the last: ", 1)[1]
+    if last.startswith("gradient overflow"):
+        return "nonfinite: gradient overflow"
+    return "nonfinite: " + last.split(" (step ", 1)[0]
+
+
+def causes(breaks: Iterable[Sequence[Divergence]]) -> dict[str, int]:
+    """How many runs failed by each :func:`cause` (a run counts once, by its first criterion)."""
+    out: dict[str, int] = {}
+    for b in breaks:
+        if b:
+            out[cause(b[0])] = out.get(cause(b[0]), 0) + 1
+    return out
 
 
 def criteria(breaks: Iterable[Sequence[Divergence]]) -> str:
