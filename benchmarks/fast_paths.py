@@ -63,7 +63,7 @@ def main(argv: list[str] | None = None) -> None:
     args = p.parse_args(argv)
     device = setup(args)
     repeats = args.repeats or (7 if args.quick else 5)
-    low = torch.bfloat16  # fp16 autocast needs a GPU; bf16 is the precision both devices share
+    low = torch.bfloat16  # torch's own fp16 autocast is a GPU's; bf16 is the precision both devices share
     res: dict[str, dict] = {}
 
     res["UNet channels_last"] = compare(

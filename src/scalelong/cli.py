@@ -68,7 +68,7 @@ def score_line(
     """One evaluation record (``fd``, ``fd_metric``, ``fd_samples``, ...) as one line, with the digit
     score beside FD-MNIST: what ``scalelong eval`` prints and ``scalelong train`` ends with."""
     how = f"{where}, {r['fd_samples']} samples, {r['fd_sampler']} {r['fd_steps']} steps"
-    how += ", bf16" if r.get("fd_precision") == "bf16" else ""
+    how += f", {r['fd_precision']}" if r.get("fd_precision") in ("bf16", "fp16") else ""
     line = f"{r['fd_metric']} {r['fd']:.{places}f} ({how})"
     if digits is not None:  # beside FD-MNIST, the readable part: recognisable digits and class balance
         from scalelong.fd_mnist import format_digit_score
@@ -302,7 +302,7 @@ def _add_sampling_commands(sub) -> None:
     p.add_argument("--inception-weights", help=inception)
     p.add_argument(
         "--mixed-precision",
-        choices=("no", "bf16"),
+        choices=("no", "bf16", "fp16"),
         help="the sampler's forward; default: the run's eval.mixed_precision",
     )
     common(p)
