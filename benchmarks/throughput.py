@@ -93,7 +93,7 @@ def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     add_common_args(p, threads=0)
     p.add_argument("--batch", type=int, default=0, help="batch of the CIFAR shapes (0: 8; the demo keeps 64)")
-    p.add_argument("--precision", default="no", help="train.mixed_precision: no | bf16 | fp16 (on the CPU: CUDA's policy, scalelong.fp16)")
+    p.add_argument("--precision", default="no", help="train.mixed_precision: no | bf16 | fp16")
     p.add_argument("--compile", action="store_true", help="train.compile=true")
     p.add_argument("--configs", nargs="+", default=list(CONFIGS), choices=list(CONFIGS))
     p.add_argument("--config", help=argparse.SUPPRESS)  # worker mode: one config, JSON on stdout
