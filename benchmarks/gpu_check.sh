@@ -14,3 +14,6 @@ $PY -m benchmarks.method_overhead --device cuda --batch 128 --bf16 --repeats 20
 # fast paths on the GPU: channels_last, bf16 vs fp32, torch.compile (compile time apart)
 $PY -m benchmarks.fast_paths --device cuda --batch 128 --repeats 10
 $PY -m benchmarks.uvit_vs_reference --device cuda --batch 128 --repeats 20
+# fp16 on the CPU (CUDA's policy, scalelong.fp16) against CUDA's own fp16 autocast: 100 steps of the
+# stability preset from the same weights and draws; goal: losses within 1%, the same skipped steps
+$PY -m benchmarks.fp16_faithful --against cuda --steps 100
