@@ -3,13 +3,14 @@ study commands' --dry-run."""
 
 from __future__ import annotations
 
+import json
 import math
 import re
 from pathlib import Path
 from types import SimpleNamespace
 
 from conftest import tiny_uvit_overrides
-from scalelong.cli import main
+from scalelong.cli import evaluation_lines, main
 from scalelong.compare import summarise, write_report
 from scalelong.config import load_config
 from scalelong.studies.divergence import Divergence
@@ -294,7 +295,9 @@ def test_dry_run_refuses_what_the_study_would_refuse(tmp_path, capsys):
 # ----------------------------------------------------------------------------- the re-score's line
 
 
-def test_the_best_step_line_carries_the_digit_score(capsys):
+def test_the_best_step_line_carries_the_digit_score(tmp_path, capsys):
+    """The trainer re-scores the best step into the summary and says nothing; the command line
+    prints it once, among its evaluation lines, with FD-MNIST's digit score beside it."""
     final = {
         "best_step": 500,
         "fd_metric": "fd-mnist",
@@ -306,13 +309,16 @@ def test_the_best_step_line_carries_the_digit_score(capsys):
     evaluator = SimpleNamespace(finalize=lambda: final)
     trainer = SimpleNamespace(evaluator=evaluator, acc=SimpleNamespace(is_main_process=True))
     assert _rescore(trainer) is final
-    line = capsys.readouterr().out.strip()
+    assert capsys.readouterr().out == ""
+    last = {"fd_metric": "fd-mnist", "fd": 45.0, "fd_samples": 8, "fd_sampler": "dpm_solver", "fd_steps": 2}
+    run = SimpleNamespace(eval_records=lambda: {500: last}, eval_final_file=tmp_path / "eval_final.json")
+    run.eval_final_file.write_text(json.dumps(final))
+    line = evaluation_lines(run)[-1]
     assert re.fullmatch(
-        r"best step 500: fd-mnist 41\.23 on 1000 samples; digits: confident 0\.83 \(real digits 0\.\d\d\), "
-        r"class balance 0\.97 \(real digits \d\.\d\d\)",
+        r"best step 500 re-scored: fd-mnist 41\.2 \(1000 samples\); digits: confident 0\.83 "
+        r"\(real digits 0\.\d\d\), class balance 0\.97 \(real digits \d\.\d\d\)",
         line,
     ), line
     fid = {k: v for k, v in final.items() if not k.startswith("digits/")} | {"fd_metric": "fid"}
-    evaluator.finalize = lambda: fid
-    _rescore(trainer)
-    assert capsys.readouterr().out.strip() == "best step 500: fid 41.23 on 1000 samples"
+    run.eval_final_file.write_text(json.dumps(fid))
+    assert evaluation_lines(run)[-1] == "best step 500 re-scored: fid 41.2 (1000 samples)"

@@ -33,6 +33,7 @@ from torch import nn
 from scalelong import tracing
 from scalelong.declaration import SkipInput, locate
 from scalelong.errors import ScaleLongError
+from scalelong.skips import ordinal
 
 # In the model's __dict__: the handles of the first-call check's two hooks, and the trace in flight.
 _CHECK, _SESSION = "_scalelong_first_call_check", "_scalelong_first_call_trace"
@@ -224,7 +225,7 @@ def _check_order(
     if order != sorted(order):
         inner_first = order == sorted(order, reverse=True)
         how = "innermost first" if inner_first else "out of order"
-        made = ", ".join(_ordinal(k) for k in order)
+        made = ", ".join(ordinal(k) for k in order)
         declared = ", ".join(_short(s) for s in skips)
         right = ", ".join(_short(skips[order.index(k)]) for k in sorted(order))
         raise ScaleLongError(
@@ -264,8 +265,3 @@ def _list(merges: Sequence[tracing.Merge]) -> str:
 
 def _text(c: slice) -> str:
     return f"slice({c.start}, {c.stop})"
-
-
-def _ordinal(k: int) -> str:
-    suffix = "th" if 10 <= k % 100 <= 20 else {1: "st", 2: "nd", 3: "rd"}.get(k % 10, "th")
-    return f"{k}{suffix}"

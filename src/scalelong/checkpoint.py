@@ -35,7 +35,7 @@ from safetensors.torch import load as load_safetensors_bytes
 from safetensors.torch import save_file
 from torch import nn
 
-from scalelong.errors import ScaleLongError
+from scalelong.errors import ScaleLongError, first_line
 
 T = TypeVar("T")
 
@@ -168,11 +168,6 @@ class DamagedCheckpoint(ScaleLongError):
         self.path, self.problem = Path(path), problem
 
 
-def _first_line(e: BaseException) -> str:
-    text = str(e).strip()
-    return f"{type(e).__name__}: {text.splitlines()[0] if text else ''}".rstrip(": ")
-
-
 def read_meta(path: Path) -> dict:
     """``meta.json`` of a checkpoint folder; missing or unreadable raises :class:`DamagedCheckpoint`."""
     try:
@@ -182,7 +177,7 @@ def read_meta(path: Path) -> dict:
     except FileNotFoundError:
         raise DamagedCheckpoint(path, "meta.json is missing") from None
     except (OSError, ValueError, KeyError, TypeError) as e:
-        raise DamagedCheckpoint(path, f"meta.json is unreadable, {_first_line(e)}") from None
+        raise DamagedCheckpoint(path, f"meta.json is unreadable, {first_line(e, name=True)}") from None
     return meta
 
 
@@ -197,7 +192,7 @@ def read_verified(path: Path, name: str, meta: dict | None = None) -> bytes:
     except FileNotFoundError:
         raise DamagedCheckpoint(path, f"{name} is missing") from None
     except OSError as e:
-        raise DamagedCheckpoint(path, f"{name} cannot be read, {_first_line(e)}") from None
+        raise DamagedCheckpoint(path, f"{name} cannot be read, {first_line(e, name=True)}") from None
     if len(data) != info.get("bytes"):
         raise DamagedCheckpoint(path, f"{name} is truncated ({len(data):,} of {info.get('bytes'):,} bytes)")
     if hashlib.sha256(data).hexdigest() != info.get("sha256"):
@@ -253,7 +248,7 @@ def _torch_load(path: Path, name: str, meta: dict) -> Any:
     except DamagedCheckpoint:
         raise
     except Exception as e:  # the checksums match but the file does not load
-        raise DamagedCheckpoint(path, f"{name} does not load, {_first_line(e)}") from None
+        raise DamagedCheckpoint(path, f"{name} does not load, {first_line(e, name=True)}") from None
 
 
 def _safetensors_load(path: Path, name: str, meta: dict) -> dict[str, torch.Tensor]:
@@ -261,7 +256,7 @@ def _safetensors_load(path: Path, name: str, meta: dict) -> dict[str, torch.Tens
     try:
         return load_safetensors_bytes(data)
     except Exception as e:  # safetensors raises several types for a damaged file
-        raise DamagedCheckpoint(path, f"{name} does not load, {_first_line(e)}") from None
+        raise DamagedCheckpoint(path, f"{name} does not load, {first_line(e, name=True)}") from None
 
 
 def load_training_state(path: Path) -> dict:

@@ -90,19 +90,27 @@ def evaluation_lines(run) -> list[str]:
         return []
     step = max(records)
     r = records[step]
-    digits = None
-    if isinstance(r.get(names.DIGITS_CONFIDENT), (int, float)):
-        digits = {
-            "confident": r[names.DIGITS_CONFIDENT],
-            "entropy": r.get(names.DIGITS_ENTROPY, float("nan")),
+
+    def digit_score(record: dict) -> dict | None:  # beside FD-MNIST: whether the samples read as digits
+        if not isinstance(record.get(names.DIGITS_CONFIDENT), (int, float)):
+            return None
+        return {
+            "confident": record[names.DIGITS_CONFIDENT],
+            "entropy": record.get(names.DIGITS_ENTROPY, float("nan")),
         }
-    lines = [score_line(r, f"step {step}", digits, places=1)]
+
+    lines = [score_line(r, f"step {step}", digit_score(r), places=1)]
     try:
         final = json.loads(run.eval_final_file.read_text())
-        lines.append(
+        line = (
             f"best step {final['best_step']} re-scored: {final['fd_metric']} {final['fd']:.1f} "
             f"({final['fd_samples']} samples)"
         )
+        if (digits := digit_score(final)) is not None:
+            from scalelong.fd_mnist import format_digit_score
+
+            line += f"; digits: {format_digit_score(digits)}"
+        lines.append(line)
     except FileNotFoundError:  # no re-score asked for (eval.final_num_samples: 0)
         if r["fd_samples"] < 1000:  # FD is biased upward on few samples
             lines.append(f"score it on more samples: scalelong eval {run.path} --n 1000")

@@ -17,8 +17,8 @@ from typing import Any
 
 import yaml
 
-from scalelong.errors import ScaleLongError
-from scalelong.metrics_log import write_text_atomic  # re-exported: the application's atomic write
+from scalelong.errors import ScaleLongError, first_line
+from scalelong.metrics_log import write_text_atomic
 from scalelong.presets import resolve_config
 
 
@@ -377,7 +377,7 @@ def read_yaml(path: str | Path) -> dict:
 
 def _yaml_problem(e: yaml.YAMLError) -> str:
     """A YAML error in a few words: what and where (PyYAML's own message spans several lines)."""
-    problem = getattr(e, "problem", None) or str(e).splitlines()[0]
+    problem = getattr(e, "problem", None) or first_line(e)
     mark = getattr(e, "problem_mark", None)
     return f"{problem} at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else problem
 

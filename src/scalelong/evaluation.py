@@ -31,7 +31,7 @@ from torch import nn
 from scalelong import metric_names
 from scalelong.build import build_dataset, build_schedule, model_input_shape
 from scalelong.checkpoint import DamagedCheckpoint
-from scalelong.config import HELDOUT_DATASETS, Config, EvalConfig, write_text_atomic
+from scalelong.config import HELDOUT_DATASETS, Config, EvalConfig
 from scalelong.diffusion import mean_image_error, noise_level_errors
 from scalelong.errors import ScaleLongError
 from scalelong.fd_mnist import digit_score_of_features, real_digit_score
@@ -48,6 +48,7 @@ from scalelong.frechet import (
     stored_metric,
 )
 from scalelong.launch import bf16_runs_natively, bf16_where_it_pays
+from scalelong.metrics_log import write_text_atomic
 from scalelong.models import conditioning
 from scalelong.runs import RunDir, load_model, writer_of
 from scalelong.sampling import generate

@@ -16,9 +16,9 @@ import numpy as np
 import torch
 
 from scalelong.build import build_schedule, model_input_shape
-from scalelong.config import write_text_atomic
 from scalelong.data import to_uint8
 from scalelong.errors import ScaleLongError
+from scalelong.metrics_log import write_text_atomic
 from scalelong.runs import RunDir, writer_of
 from scalelong.sampling import generate, get_sampler
 from scalelong.t2i import (

@@ -26,7 +26,7 @@ import torch
 
 from scalelong.config import METRIC_NAMES
 from scalelong.data import embedded_mnist, to_uint8
-from scalelong.errors import ScaleLongError
+from scalelong.errors import ScaleLongError, first_line
 from scalelong.fd_mnist import shipped_classifier
 
 METRICS = METRIC_NAMES
@@ -158,7 +158,7 @@ def _probe(url: str, timeout: float = 15.0) -> str | None:
         urllib.request.urlopen(urllib.request.Request(url, method="HEAD"), timeout=timeout).close()
         return None
     except Exception as e:  # no network, DNS, proxy, TLS, HTTP errors
-        return f"{type(e).__name__}: {e}".splitlines()[0]
+        return first_line(e, name=True)
 
 
 def load_inception(weights: str | Path | None = None, random_init: bool = False) -> torch.nn.Module:
@@ -188,7 +188,7 @@ def load_inception(weights: str | Path | None = None, random_init: bool = False)
         try:
             return original(url, progress=progress)
         except Exception as e:  # URLError, HTTPError, socket and SSL errors all mean: not reachable
-            raise ScaleLongError(_offline_message(f"{type(e).__name__}: {e}".splitlines()[0])) from e
+            raise ScaleLongError(_offline_message(first_line(e, name=True))) from e
         finally:
             socket.setdefaulttimeout(timeout)
 

@@ -1,9 +1,12 @@
-"""``metrics.jsonl``, the one log every run folder keeps, and the atomic text write it relies on.
+"""``metrics.jsonl``, the one log every run folder keeps, its records read back as numbers, and
+the atomic text write it relies on.
 
 One JSON object per logged step, ``step`` first; non-finite numbers are written as the strings
 ``"nan"`` / ``"inf"`` / ``"-inf"`` (JSON has none) and read back as floats. ``scalelong train``
 (:class:`scalelong.runs.RunDir`) and a loop of your own (:class:`scalelong.runlog.RunLog`) both
-write it through :class:`MetricsLog`, and ``scalelong analyze`` reads it back.
+write it through :class:`MetricsLog`; :func:`load_metrics` reads a run's records back with every
+value a float and :func:`series` one metric of them in step order, for ``scalelong analyze``'s
+plots and the studies alike.
 """
 
 from __future__ import annotations
@@ -11,8 +14,10 @@ from __future__ import annotations
 import json
 import math
 import os
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
+from scalelong.errors import ScaleLongError
 from scalelong.lock import Warn, warn_user
 
 METRICS_FILE, TB_DIR, CONFIG_FILE = "metrics.jsonl", "tb", "config.yaml"
@@ -103,3 +108,50 @@ class MetricsLog:
             kept = [r for r in self.read() if r.get("step", 0) <= step]
             text = "".join(json.dumps({k: _to_json(v) for k, v in r.items()}) + "\n" for r in kept)
             write_text_atomic(self.path, text)
+
+
+# ----------------------------------------------------------------------------- records read back
+
+Records = Sequence[Mapping[str, object]]
+
+
+def as_float(value: object) -> float:
+    """A logged value as a float: numbers as they are, ``"nan"`` / ``"inf"`` strings parsed, else NaN."""
+    if isinstance(value, bool):
+        return float(value)
+    if isinstance(value, (int, float)):
+        return float(value)
+    if isinstance(value, str):
+        try:
+            return float(value)
+        except ValueError:
+            return math.nan
+    return math.nan
+
+
+def load_metrics(path: str | Path, warn: Warn = warn_user) -> list[dict]:
+    """Records of a run directory (or of a ``metrics.jsonl`` file) with every value but the step
+    as a float, ready to plot. The folder needs no ``config.yaml`` or checkpoint (a folder that
+    :class:`scalelong.RunLog` wrote has neither); a line that is not a JSON object with an integer
+    ``step`` is no record and is left out (unreadable lines with one warning through ``warn``)."""
+    path = Path(path)
+    file = path if path.suffix == ".jsonl" or path.is_file() else path / METRICS_FILE
+    if not file.is_file():
+        where = f"{path} does not exist" if not path.exists() else f"{path} holds no metrics.jsonl"
+        raise ScaleLongError(
+            f"nothing to plot: {where}; pass a run folder that `scalelong train` or scalelong.RunLog wrote"
+        )
+    records = []
+    for r in MetricsLog(file, warn).read():
+        step = r.get("step")
+        if isinstance(step, float) and step.is_integer():
+            step = int(step)
+        if isinstance(step, int) and not isinstance(step, bool):
+            records.append({k: step if k == "step" else as_float(v) for k, v in r.items()})
+    return records
+
+
+def series(records: Records, key: str) -> tuple[list[int], list[float]]:
+    """(steps, values) of the records that hold ``key``, in step order."""
+    pairs = sorted((int(r["step"]), as_float(r[key])) for r in records if key in r and "step" in r)
+    return [s for s, _ in pairs], [v for _, v in pairs]

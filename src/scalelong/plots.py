@@ -20,52 +20,8 @@ from pathlib import Path
 
 from scalelong import metric_names as names
 from scalelong.errors import ScaleLongError
-from scalelong.runs import MetricsLog, RunDir, Warn
-
-Records = Sequence[Mapping[str, object]]
-
-
-def as_float(value: object) -> float:
-    """A logged value as a float: numbers as they are, ``"nan"`` / ``"inf"`` strings parsed, else NaN."""
-    if isinstance(value, bool):
-        return float(value)
-    if isinstance(value, (int, float)):
-        return float(value)
-    if isinstance(value, str):
-        try:
-            return float(value)
-        except ValueError:
-            return math.nan
-    return math.nan
-
-
-def load_metrics(path: str | Path, warn: Warn = print) -> list[dict]:
-    """Records of a run directory (or of a ``metrics.jsonl`` file) with every value but the step
-    as a float, ready to plot. The folder needs no ``config.yaml`` or checkpoint (a folder that
-    :class:`scalelong.RunLog` wrote has neither); a line that is not a JSON object with an integer
-    ``step`` is no record and is left out (unreadable lines with one warning through ``warn``)."""
-    path = Path(path)
-    file = path if path.suffix == ".jsonl" or path.is_file() else RunDir(path).metrics_file
-    if not file.is_file():
-        where = f"{path} does not exist" if not path.exists() else f"{path} holds no metrics.jsonl"
-        raise ScaleLongError(
-            f"nothing to plot: {where}; pass a run folder that `scalelong train` or scalelong.RunLog wrote"
-        )
-    records = []
-    for r in MetricsLog(file, warn).read():
-        step = r.get("step")
-        if isinstance(step, float) and step.is_integer():
-            step = int(step)
-        if isinstance(step, int) and not isinstance(step, bool):
-            records.append({k: step if k == "step" else as_float(v) for k, v in r.items()})
-    return records
-
-
-def series(records: Records, key: str) -> tuple[list[int], list[float]]:
-    """(steps, values) of the records that hold ``key``, in step order."""
-    pairs = sorted((int(r["step"]), as_float(r[key])) for r in records if key in r and "step" in r)
-    return [s for s, _ in pairs], [v for _, v in pairs]
-
+from scalelong.metrics_log import Records, as_float, load_metrics, series  # re-exported: the readers
+from scalelong.skips import ordinal
 
 # ---------------------------------------------------------------------- plots
 
@@ -207,15 +163,11 @@ def plot_noise_levels(records_by_method: Mapping[str, Records], path: str | Path
     return _save(fig, path)
 
 
-def _ordinal(n: int) -> str:
-    return f"{n}{'th' if 10 <= n % 100 <= 20 else {1: 'st', 2: 'nd', 3: 'rd'}.get(n % 10, 'th')}"
-
-
 def skip_title(index: int, num_skips: int) -> str:
     """Where skip ``index`` (1 = outermost) of ``num_skips`` sits: the decoder merges the innermost
     skip first and the outermost last (LIFO), e.g. ``skip 1 (outermost), merged 6th of 6``."""
     where = " (outermost)" if index == 1 else " (innermost)" if index == num_skips else ""
-    return f"skip {index}{where}\nmerged {_ordinal(num_skips - index + 1)} of {num_skips}"
+    return f"skip {index}{where}\nmerged {ordinal(num_skips - index + 1)} of {num_skips}"
 
 
 def plot_coefficients(records: Records, path: str | Path, title: str = "") -> Path:

@@ -34,7 +34,7 @@ from torch import nn
 
 from scalelong.adapters import apply_scalelong, declared, remove_scalelong
 from scalelong.adapters.declared import SkipInput
-from scalelong.errors import ScaleLongError
+from scalelong.errors import ScaleLongError, first_line
 from scalelong.skips import SkipScaling
 
 META_FILE, WEIGHTS_FILE = "scalelong.json", "scalelong.safetensors"
@@ -248,7 +248,8 @@ def _replay(target: nn.Module, meta: dict[str, Any], state: dict, directory: Pat
         try:
             scaling.load_state_dict(state)  # copies onto the model's device
         except RuntimeError as e:
-            raise ScaleLongError(f"{WEIGHTS_FILE} does not fit this model: {_first_line(e)}") from None
+            fit = first_line(e, lines=3)
+            raise ScaleLongError(f"{WEIGHTS_FILE} does not fit this model: {fit}") from None
     except ScaleLongError:
         remove_scalelong(target)
         raise
@@ -280,14 +281,9 @@ def _replace_builtin(target: nn.Module, meta: dict[str, Any], state: dict, direc
     try:
         new.load_state_dict(state)
     except RuntimeError as e:
-        raise ScaleLongError(f"{WEIGHTS_FILE} does not fit this model: {_first_line(e)}") from None
+        raise ScaleLongError(f"{WEIGHTS_FILE} does not fit this model: {first_line(e, lines=3)}") from None
     param = next(current.parameters(), None) or next(target.parameters(), None)
     if param is not None:
         new.to(device=param.device, dtype=param.dtype)
     parent_path, _, name = path.rpartition(".")
     setattr(target.get_submodule(parent_path) if parent_path else target, name, new)
-
-
-def _first_line(e: BaseException) -> str:
-    lines = [line.strip() for line in str(e).splitlines() if line.strip()]
-    return " ".join(lines[:3])

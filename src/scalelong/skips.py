@@ -85,6 +85,12 @@ class SkipSite(NamedTuple):
     shape: tuple[int | None, ...] | None  # without the batch; None for what is not known
 
 
+def ordinal(n: int) -> str:
+    """``1st``, ``2nd``, ``11th``, ``23rd``: where a skip comes in the order the encoder makes them
+    or the decoder merges them, as messages and plot titles say it."""
+    return f"{n}{'th' if 10 <= n % 100 <= 20 else {1: 'st', 2: 'nd', 3: 'rd'}.get(n % 10, 'th')}"
+
+
 def method_order(method: str) -> tuple[int, str]:
     """Sort key for method names: the order of :data:`METHODS` (``none`` first), others after."""
     return (METHODS.index(method) if method in METHODS else len(METHODS), method)

@@ -29,9 +29,9 @@ from scalelong.config import (
     config_to_dict,
     read_yaml,
     validate,
-    write_text_atomic,
 )
 from scalelong.errors import ScaleLongError
+from scalelong.metrics_log import write_text_atomic
 from scalelong.plots import (
     decoder_blocks,
     plot_fig1_by_depth,

@@ -46,7 +46,7 @@ from torch.overrides import TorchFunctionMode
 from torch.utils._pytree import tree_leaves
 
 from scalelong.declaration import SkipInput, input_text, locate
-from scalelong.errors import ScaleLongError
+from scalelong.errors import ScaleLongError, first_line
 from scalelong.skips import SkipRow, SkipScaling, skip_table
 
 _CATS = {torch.cat, torch.concat, torch.concatenate}
@@ -386,8 +386,8 @@ def _trace(model: nn.Module, tracer: _Tracer, args: tuple, kwargs: dict) -> list
         raise
     except Exception as e:
         raise ScaleLongError(
-            f"find_skips: {type(model).__name__} failed on the example input ({type(e).__name__}: "
-            f"{str(e).splitlines()[0] if str(e) else ''}); pass the inputs it is called with, e.g. (x, t)"
+            f"find_skips: {type(model).__name__} failed on the example input "
+            f"({first_line(e, name=True)}); pass the inputs it is called with, e.g. (x, t)"
         ) from e
     finally:
         for h in handles:

@@ -41,7 +41,6 @@ import torch
 from torch import nn
 from torch.utils.data import DataLoader
 
-from scalelong import metric_names
 from scalelong.build import (
     build_dataset,
     build_model,
@@ -62,9 +61,8 @@ from scalelong.config import Config, config_to_dict, save_config
 from scalelong.data import EpochBatches
 from scalelong.diagnostics import Diagnostics
 from scalelong.diffusion import denoising_loss, input_free_loss
-from scalelong.errors import ScaleLongError
+from scalelong.errors import ScaleLongError, first_line
 from scalelong.evaluation import NoiseLevelProbe, TrainingEvaluator
-from scalelong.fd_mnist import format_digit_score
 from scalelong.fp16 import autocast_forward
 from scalelong.launch import make_accelerator, on_main_process, sigterm_as_interrupt
 from scalelong.models import conditioning
@@ -163,12 +161,8 @@ def make_optimizer(params, o, device: torch.device) -> torch.optim.AdamW:
         return make(**kernel)
     except (RuntimeError, TypeError) as e:  # e.g. "`fused=True` requires all the params to be ..."
         print(f"warning: optim.implementation={o.implementation} is not available on {device.type} "
-              f"({_first_line(e)}); using torch's default AdamW")  # fmt: skip
+              f"({first_line(e, limit=200)}); using torch's default AdamW")  # fmt: skip
         return make()
-
-
-def _first_line(e: BaseException) -> str:
-    return (str(e).strip().splitlines() or [type(e).__name__])[0][:200]
 
 
 def _is_compile_failure(e: BaseException) -> bool:
@@ -454,7 +448,8 @@ class Trainer:
             except Exception as e:  # inductor without a C++ compiler, an unsupported op, ...
                 if not _is_compile_failure(e):
                     raise
-                print(f"warning: train.compile: torch.compile failed ({_first_line(e)}); training eager")
+                why = first_line(e, limit=200)
+                print(f"warning: train.compile: torch.compile failed ({why}); training eager")
                 self.compiled = None
         if self.compiled is None or eager:
             loss = denoising_loss(self.forward(net or self.model), self.schedule, x0, t, noise, **cond)
@@ -864,7 +859,7 @@ def _fit(trainer: Trainer, progress: bool, start_state: dict | None) -> RunResul
         status, error = "stopped", str(e)
         raise
     except Exception as e:
-        error = f"{type(e).__name__}: {e}".splitlines()[0]
+        error = first_line(e, name=True)
         raise
     finally:
         if tracker is not None:
@@ -880,21 +875,10 @@ def _fit(trainer: Trainer, progress: bool, start_state: dict | None) -> RunResul
 
 
 def _rescore(trainer: Trainer) -> dict | None:
-    """The recipe's re-score of the best step with more samples; every process samples its share."""
-    final = trainer.evaluator.finalize() if trainer.evaluator is not None else None
-    if final is not None and trainer.acc.is_main_process:
-        digits = ""
-        if metric_names.DIGITS_CONFIDENT in final:  # fd-mnist: beside FD, whether the samples read as digits
-            score = {
-                "confident": final[metric_names.DIGITS_CONFIDENT],
-                "entropy": final[metric_names.DIGITS_ENTROPY],
-            }
-            digits = f"; digits: {format_digit_score(score)}"
-        print(
-            f"best step {final['best_step']}: {final['fd_metric']} {final['fd']:.4g} "
-            f"on {final['fd_samples']} samples{digits}"
-        )
-    return final
+    """The recipe's re-score of the best step with more samples; every process samples its share.
+    It goes into summary.json (``best``) and eval_final.json; ``scalelong train`` prints it once,
+    among its evaluation lines."""
+    return trainer.evaluator.finalize() if trainer.evaluator is not None else None
 
 
 def _end(

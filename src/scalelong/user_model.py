@@ -33,7 +33,7 @@ from torch import nn
 from scalelong.adapters import apply_scalelong
 from scalelong.config import BUILDER_FORM, ModelConfig, resolved_kappa
 from scalelong.diagnostics import model_output
-from scalelong.errors import ScaleLongError
+from scalelong.errors import ScaleLongError, first_line
 from scalelong.skips import find_skip_scaling
 
 
@@ -78,7 +78,7 @@ def load_builder(spec: str) -> Callable[..., object]:
         except Exception as e:  # ImportError, or whatever the module raises while it loads
             raise ScaleLongError(
                 f"model.python.builder={spec!r}: cannot import {where!r} "
-                f"({type(e).__name__}: {_first_line(e)}); "
+                f"({first_line(e, name=True)}); "
                 "make it importable (pip install -e, PYTHONPATH) or give its file: path/to/file.py:function"
             ) from None
     builder = getattr(module, function, None)
@@ -105,14 +105,9 @@ def _module_from_file(path: Path, spec: str) -> object:
     except Exception as e:
         del sys.modules[name]
         raise ScaleLongError(
-            f"model.python.builder={spec!r}: {path} fails to load ({type(e).__name__}: {_first_line(e)})"
+            f"model.python.builder={spec!r}: {path} fails to load ({first_line(e, name=True)})"
         ) from None
     return module
-
-
-def _first_line(e: BaseException) -> str:
-    lines = [line for line in str(e).splitlines() if line.strip()]
-    return lines[0].strip() if lines else ""
 
 
 def build_user_model(cfg: ModelConfig) -> UserModel:
@@ -123,8 +118,7 @@ def build_user_model(cfg: ModelConfig) -> UserModel:
         net = builder(**p.kwargs)
     except Exception as e:
         raise ScaleLongError(
-            f"model.python.builder={p.builder!r} raised {type(e).__name__}: {_first_line(e)}; "
-            "check model.python.kwargs"
+            f"model.python.builder={p.builder!r} raised {first_line(e, name=True)}; check model.python.kwargs"
         ) from None
     if not isinstance(net, nn.Module):
         raise ScaleLongError(

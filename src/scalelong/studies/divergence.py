@@ -15,7 +15,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 from scalelong import metric_names as names
-from scalelong.plots import Records, as_float, series
+from scalelong.metrics_log import Records, as_float, series
 from scalelong.studies.heldout import heldout_x0_error
 
 

@@ -10,7 +10,7 @@ import statistics
 from collections.abc import Mapping, Sequence
 
 from scalelong import metric_names as names
-from scalelong.plots import Records, as_float
+from scalelong.metrics_log import Records, as_float
 
 
 def _x0_levels(record: Mapping, weights: str) -> list[float]:

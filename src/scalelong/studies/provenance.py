@@ -16,8 +16,8 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from scalelong import metric_names as names
-from scalelong.config import config_to_dict, read_yaml, write_text_atomic
-from scalelong.plots import series
+from scalelong.config import config_to_dict, read_yaml
+from scalelong.metrics_log import series, write_text_atomic
 from scalelong.runs import config_differences
 from scalelong.studies.heldout import heldout_x0_series
 from scalelong.studies.summary import Cell, StudyRun

@@ -19,7 +19,7 @@ from pathlib import Path
 
 from scalelong import metric_names as names
 from scalelong.errors import ScaleLongError
-from scalelong.plots import Records, as_float, load_metrics, series
+from scalelong.metrics_log import Records, as_float, load_metrics, series
 from scalelong.runs import RunDir
 from scalelong.studies.divergence import DEFAULT_RULE, Divergence, DivergenceRule, divergence, feature_growth
 from scalelong.studies.heldout import heldout_x0_error, initial_x0_error
@@ -45,7 +45,7 @@ def read_run(run_dir: str | Path, rule: DivergenceRule = DEFAULT_RULE, error: st
     run = RunDir(run_dir)
     if error or not run.metrics_file.is_file():
         return StudyRun(run.name, [], {}, [], error or "no metrics", run.path)
-    records, summary = load_metrics(run), run.summary or {}
+    records, summary = load_metrics(run, print), run.summary or {}
     cfg = run.config()
     breaks = divergence(records, summary.get("stopped"), cfg.optim.warmup_steps, rule)
     return StudyRun(
