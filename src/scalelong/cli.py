@@ -196,6 +196,8 @@ def cmd_fid_stats(args: argparse.Namespace) -> int:
     from scalelong.launch import resolve_device
 
     cfg = load_config(args.config, args.overrides)
+    if args.center_crop and not args.images:
+        raise ScaleLongError("--center-crop crops the images of --images DIR; pass the folder too")
     path, count = compute_reference_stats(
         cfg,
         args.out,
@@ -204,8 +206,11 @@ def cmd_fid_stats(args: argparse.Namespace) -> int:
         args.limit,
         args.batch_size,
         resolve_device(args.device),
+        images=args.images,
+        center_crop=args.center_crop,
     )
-    print(f"{args.metric} statistics of {count} {cfg.data.name} images: {path}")
+    what = f"images of {args.images}" if args.images else f"{cfg.data.name} images"
+    print(f"{args.metric} statistics of {count} {what}: {path}")
     return 0
 
 
@@ -291,6 +296,12 @@ def _add_sampling_commands(sub) -> None:
     p.add_argument("--metric", default="fid", choices=METRIC_NAMES)
     p.add_argument("--inception-weights", help=inception)
     p.add_argument("--limit", type=_count(1), help="use only the first N images")
+    p.add_argument("--images", help="a folder of images instead of the config's dataset, e.g. COCO/val2014")
+    p.add_argument(
+        "--center-crop",
+        type=_count(1),
+        help="--images: centre-crop to this side; default: the run's resolution (256 for MS-COCO)",
+    )
     p.add_argument("--batch-size", type=_count(1), default=250)
     common(p)
     p.set_defaults(func=cmd_fid_stats)

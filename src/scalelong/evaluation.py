@@ -420,6 +420,28 @@ def dataset_images(cfg: Config, limit: int | None = None) -> torch.Tensor:
     return torch.stack([dataset[i][0] for i in range(count)])
 
 
+LATENT_DOWNSAMPLING = 8  # the KL-f8 autoencoder: a 32x32 latent is a 256x256 image
+
+
+def run_resolution(cfg: Config) -> int:
+    """The side of the images a run makes: 8 x the latent side for text-to-image (latent) runs."""
+    side = model_input_shape(cfg.model)[-1]
+    return side * LATENT_DOWNSAMPLING if cfg.data.name == "coco_latents" else side
+
+
+def image_folder(path: str | Path, side: int):
+    """Every image under ``path`` centre-cropped to ``side`` as ``scalelong extract-features`` crops
+    them (shorter side resized, bicubic; the centre square), RGB in [-1, 1]."""
+    from PIL import Image
+
+    from scalelong.data import load_folder
+    from scalelong.t2i import center_crop
+
+    dataset = load_folder(str(path), side, 3)
+    dataset.transform = lambda img, _path: Image.fromarray(center_crop(img, side))
+    return dataset
+
+
 def compute_reference_stats(
     cfg: Config,
     out: str | Path,
@@ -429,12 +451,27 @@ def compute_reference_stats(
     batch_size: int = 250,
     device: torch.device | str = "cpu",
     random_init: bool = False,
+    images: str | Path | None = None,
+    center_crop: int | None = None,
 ) -> tuple[Path, int]:
-    """Reference statistics of the config's dataset to ``out`` (the first stage of FID)."""
+    """Reference statistics of the config's dataset to ``out`` (the first stage of FID).
+
+    ``images``: a folder of images instead (e.g. MS-COCO val2014), each centre-cropped to
+    ``center_crop`` (default :func:`run_resolution`, 256 for the MS-COCO recipe) as the training
+    images were. The images are read one batch at a time, so 40k images at 256 fit in memory.
+    """
     features = feature_fn(metric, device, inception_weights, random_init)  # fails fast without weights
-    images = dataset_images(cfg, limit)
-    mu, sigma = feature_stats(batch_features(features, images.split(batch_size)))
-    return save_stats(out, mu, sigma, metric, len(images)), len(images)
+    if images is not None:
+        dataset = image_folder(images, center_crop or run_resolution(cfg))
+    else:
+        dataset = build_dataset(cfg.data)
+    count = len(dataset) if limit is None else min(limit, len(dataset))
+    batches = (
+        torch.stack([dataset[i][0] for i in range(start, min(start + batch_size, count))])
+        for start in range(0, count, batch_size)
+    )
+    mu, sigma = feature_stats(batch_features(features, batches))
+    return save_stats(out, mu, sigma, metric, count), count
 
 
 def evaluate_run(
