@@ -35,6 +35,7 @@ from scalelong.train import TrainingInterrupted, TrainingStopped, train
 
 if TYPE_CHECKING:
     from scalelong.studies.cluster import ClusterOptions
+    from scalelong.studies.progress import StudyProgress
 
 # Keys that do not change what a run computes: a finished run that differs only in them is reused.
 STUDY_FREE_KEYS = (
@@ -274,6 +275,7 @@ def run_all(
     if not todo:
         return [outcomes[i] for i in range(len(cfgs))]
     results: Iterator[tuple[int, object]]
+    shown: StudyProgress | None = None  # a cluster's executor keeps its own output
     if cluster is not None:
         todo, results = _submit(cfgs, todo, outcomes, cluster, jobs, gpus_per_run, train_kwargs)
     else:
@@ -281,8 +283,30 @@ def run_all(
         if place.workers > 1 or place.gpus:
             print(f"{len(todo)} runs: {place}", flush=True)
         solo = place.workers == 1
-        args = [(cfgs[i], progress and solo, train_kwargs, gpus_per_run) for i in todo]
+        # the study's progress lines replace a run's own bar, in this process as in workers
+        args = [(cfgs[i], False, train_kwargs, gpus_per_run) for i in todo]
         results = pool_map(train_run, args, place.workers, None if solo else place.threads, place.gpus)
+        if progress:
+            from scalelong.studies.progress import StudyProgress
+
+            shown = StudyProgress([(cfgs[i].name, cfgs[i].run_dir, cfgs[i].train.steps) for i in todo])
+    try:
+        _collect(cfgs, todo, results, outcomes, shown)
+    finally:
+        if shown is not None:
+            shown.close()
+    return [outcomes[i] for i in range(len(cfgs))]
+
+
+def _collect(
+    cfgs: Sequence[Config],
+    todo: list[int],
+    results: Iterator[tuple[int, object]],
+    outcomes: dict[int, RunOutcome],
+    shown: StudyProgress | None,
+) -> None:
+    """Each run's outcome into ``outcomes`` as it comes, and its line (with the run's last numbers
+    where ``shown`` follows the study's progress)."""
     for done, (j, result) in enumerate(results, start=1):
         name = cfgs[todo[j]].name
         if isinstance(result, (TrainingInterrupted, PoolStopped)):
@@ -297,8 +321,12 @@ def run_all(
             if result.status in ("failed", "interrupted")
             else result.message or result.status
         )
-        print(line, file=sys.stderr if result.status == "failed" else sys.stdout, flush=True)
-    return [outcomes[i] for i in range(len(cfgs))]
+        file = sys.stderr if result.status == "failed" else sys.stdout
+        if shown is None:
+            print(line, file=file, flush=True)
+        else:
+            numbers = shown.finished(name)
+            shown.note(f"{line} ({numbers})" if numbers else line, file)
 
 
 def check_plan(cfgs: Sequence[Config]) -> None:
