@@ -221,7 +221,8 @@ def cmd_eval(args: argparse.Namespace) -> int:
     r = evaluate_run(
         args.run_dir, args.n, args.fid_stats, args.metric, args.sampler, args.steps, args.step,
         args.inception_weights, args.batch_size, resolve_device(args.device), not args.no_progress,
-        weights=args.weights, mixed_precision=args.mixed_precision,
+        weights=args.weights, mixed_precision=args.mixed_precision, captions=args.captions,
+        guidance_scale=args.guidance_scale, text_encoder=args.text_encoder, autoencoder=args.autoencoder,
     )  # fmt: skip
     print(score_line(r, r["checkpoint"], r.get("digits"), r.get("digits_real")))
     return 0
@@ -324,6 +325,15 @@ def _add_sampling_commands(sub) -> None:
         choices=("no", "bf16", "fp16"),
         help="the sampler's forward; default: the run's eval.mixed_precision",
     )
+    p.add_argument(
+        "--captions",
+        help="text-to-image runs: MS-COCO captions JSON (captions_val2014.json), one drawn per sample",
+    )
+    p.add_argument(
+        "--guidance-scale", type=float, help="text-to-image runs: default the run's t2i.guidance_scale"
+    )
+    p.add_argument("--text-encoder", help="text-to-image runs: hub id or local folder; default: the run's")
+    p.add_argument("--autoencoder", help="text-to-image runs: hub id or local folder; default: the run's")
     common(p)
     p.set_defaults(func=cmd_eval)
 

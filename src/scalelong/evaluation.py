@@ -92,6 +92,63 @@ def forward_autocast(precision: str, device: torch.device | str) -> contextlib.A
     return torch.autocast(kind, dtype=torch.bfloat16, enabled=precision == "bf16")
 
 
+def read_caption_list(path: str | Path) -> list[str]:
+    """Every caption of an MS-COCO captions file (``{"annotations": [{"image_id", "caption"}, ...]}``,
+    e.g. captions_val2014.json), stripped, in file order."""
+    path = Path(path)
+    if not path.is_file():
+        raise ScaleLongError(
+            f"captions file not found: {path}; expected e.g. annotations/captions_val2014.json"
+        )
+    try:
+        annotations = json.loads(path.read_text())["annotations"]
+        captions = [str(a["caption"]).strip() for a in annotations if "image_id" in a]
+        if len(captions) != len(annotations):
+            raise KeyError("image_id")
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError, KeyError, TypeError) as e:
+        raise ScaleLongError(
+            f'{path} is not an MS-COCO captions file: expected {{"annotations": [{{"image_id", '
+            f'"caption"}}, ...]}} ({e!r})'
+        ) from None
+    if not captions:
+        raise ScaleLongError(f"{path} holds no captions")
+    return captions
+
+
+def choose_captions(captions: Sequence[str], n: int, seed: int) -> list[str]:
+    """The caption of each of ``n`` samples: a permutation of ``captions`` drawn from ``seed``, sample i
+    taking entry i (modulo the count, so ``n`` beyond it wraps). It depends on nothing else: not on
+    ``n``'s split over processes, nor on the batch size."""
+    order = torch.randperm(len(captions), generator=torch.Generator().manual_seed(seed)).tolist()
+    return [captions[order[i % len(order)]] for i in range(n)]
+
+
+@dataclasses.dataclass
+class CaptionSampling:
+    """How a text-to-image run's evaluation samples are drawn: sample i (seed ``base`` + i) shows
+    ``captions[i]``, with classifier-free guidance, and is decoded by the autoencoder."""
+
+    captions: list[str]
+    base: int
+    tokenizer: object
+    text_encoder: nn.Module
+    autoencoder: nn.Module
+    guidance_scale: float
+    latent_scale: float
+
+    def draw(self, model, schedule, sampler, steps, seeds, shape, device) -> torch.Tensor:
+        from scalelong.t2i import decode_latents, encode_prompts, generate_from_context
+
+        texts = [self.captions[s - self.base] for s in seeds]
+        context = encode_prompts(texts, self.tokenizer, self.text_encoder, device)
+        null = encode_prompts([""], self.tokenizer, self.text_encoder, device)[0]
+        scale = self.guidance_scale
+        latents = generate_from_context(
+            model, schedule, sampler, steps, seeds, context, null, scale, shape, device
+        )
+        return decode_latents(latents.float(), self.autoencoder, self.latent_scale)
+
+
 @torch.no_grad()
 def sample_features(
     model: nn.Module,
@@ -103,8 +160,10 @@ def sample_features(
     batch_size: int,
     device: torch.device | str,
     progress: bool = False,
+    captions: CaptionSampling | None = None,
 ) -> torch.Tensor:
-    """Features (N, D) of images drawn from ``model`` with one seed per image; labels cycle over classes."""
+    """Features (N, D) of images drawn from ``model`` with one seed per image; labels cycle over classes
+    (text-to-image runs: ``captions`` gives each seed its caption and decodes the latents)."""
     from tqdm import tqdm
 
     schedule, shape = build_schedule(cfg.diffusion), model_input_shape(cfg.model)
@@ -118,7 +177,10 @@ def sample_features(
         chunk = list(seeds[start : start + batch_size])
         labels = torch.tensor(chunk) % num_classes
         with forward_autocast(precision, device):
-            images = generate(model, schedule, sampler, steps, chunk, shape, labels, device)
+            if captions is not None:
+                images = captions.draw(model, schedule, sampler, steps, chunk, shape, device)
+            else:
+                images = generate(model, schedule, sampler, steps, chunk, shape, labels, device)
         out.append(features(images.float()))
     return torch.cat(out)
 
@@ -143,6 +205,7 @@ def score_model(
     progress: bool = False,
     accelerator=None,
     digits: bool = False,
+    captions: CaptionSampling | None = None,
 ) -> SampleScore | None:
     """Fréchet distance of ``n`` samples of ``model`` (seeds fixed by the config) to ``ref``, and with
     ``digits`` (``features`` must then be FD-MNIST's) the digit score of the same samples.
@@ -166,6 +229,7 @@ def score_model(
             cfg.eval.batch_size,
             device,
             progress and rank == 0,
+            captions,
         )
     if world > 1:
         from accelerate.utils import gather_object
@@ -489,8 +553,18 @@ def evaluate_run(
     random_init: bool = False,
     weights: str = "ema",
     mixed_precision: str | None = None,
+    captions: str | Path | None = None,
+    guidance_scale: float | None = None,
+    text_encoder: str | None = None,
+    autoencoder: str | None = None,
 ) -> dict:
     """Sample ``n`` images of a run's checkpoint and score them; the result goes to ``run_dir/eval/``.
+
+    A text-to-image run is scored as U-ViT scores MS-COCO: ``captions`` is an MS-COCO captions file
+    (captions_val2014.json); sample i shows caption i of :func:`choose_captions` (seeded by the
+    evaluation seed), drawn with classifier-free guidance ``guidance_scale`` (default the run's
+    ``t2i.guidance_scale``) and decoded by the autoencoder; ``text_encoder`` and ``autoencoder``
+    default to the run's ``t2i`` config.
 
     ``mixed_precision`` (``no`` | ``bf16`` | ``fp16``; default: the run's ``eval.mixed_precision``) is the
     precision of the sampler's network forward.
@@ -513,11 +587,39 @@ def evaluate_run(
     ref = reference(metric, fid_stats, missing)
     if n < 2:
         raise ScaleLongError(f"--n must be >= 2, got {n}")
+    caption_list = read_caption_list(captions) if captions is not None else None
     writer = writer_of(run.eval_dir)
     if writer is not None:  # never write into a folder another process owns
         print(f"warning: {writer} writes this run; the result is printed, not saved to {run.eval_dir}")
-    features = feature_fn(metric, device, inception_weights, random_init)
     cfg, model, ckpt = run.load_model(step, weights, device)
+    t2i = getattr(model, "context_embed", None) is not None
+    if caption_list is not None and not t2i:
+        raise ScaleLongError(f"{run_dir} is not a text-to-image run; drop --captions")
+    if t2i and caption_list is None:
+        raise ScaleLongError(
+            f"{run_dir} is a text-to-image run: pass --captions captions_val2014.json (MS-COCO's validation "
+            "captions, one drawn for each sample)"
+        )
+    features = feature_fn(metric, device, inception_weights, random_init)
+    shape = (3, run_resolution(cfg), run_resolution(cfg)) if t2i else model_input_shape(cfg.model)
+    size = features(torch.zeros(1, *shape)).shape[1]
+    if size != len(ref[0]):
+        raise ScaleLongError(
+            f"{fid_stats} holds statistics of {len(ref[0])} features but {metric} computes {size}; "
+            "make them again with `scalelong fid-stats`"
+        )
+    sampling = None
+    if t2i:
+        from scalelong.t2i import load_autoencoder, load_text_encoder
+
+        scale = cfg.t2i.guidance_scale if guidance_scale is None else float(guidance_scale)
+        vae = load_autoencoder(autoencoder or cfg.t2i.autoencoder).to(device)
+        tokenizer, text_model = load_text_encoder(text_encoder or cfg.t2i.text_encoder)
+        base = cfg.train.seed * EVAL_SEED_OFFSET
+        chosen = choose_captions(caption_list, n, base)
+        sampling = CaptionSampling(
+            chosen, base, tokenizer, text_model.to(device), vae, scale, cfg.t2i.latent_scale
+        )
     if batch_size:
         cfg.eval.batch_size = batch_size
     if mixed_precision is not None:
@@ -526,8 +628,9 @@ def evaluate_run(
     sampler, steps = sampler or cfg.eval.sampler, steps or cfg.eval.steps
     t0 = time.perf_counter()
     score = score_model(
-        model, cfg, features, ref, n, sampler, steps, device, progress, digits=metric == "fd-mnist"
-    )
+        model, cfg, features, ref, n, sampler, steps, device, progress, digits=metric == "fd-mnist",
+        captions=sampling,
+    )  # fmt: skip
     fd = score.fd
     if not math.isfinite(fd):
         raise ScaleLongError(
@@ -546,6 +649,15 @@ def evaluate_run(
         "fd_seconds": time.perf_counter() - t0,
         "reference": str(fid_stats) if fid_stats else "embedded MNIST train",
     }
+    if sampling is not None:  # the protocol of a text-to-image score (U-ViT's MS-COCO FID)
+        result.update(
+            captions=str(captions),
+            captions_count=len(caption_list),
+            captions_sampled=sampling.captions,
+            guidance_scale=sampling.guidance_scale,
+            text_encoder=text_encoder or cfg.t2i.text_encoder,
+            autoencoder=autoencoder or cfg.t2i.autoencoder,
+        )
     if score.digits is not None:  # beside FD-MNIST: the digit score of the same samples, and of real digits
         result["digits"] = score.digits
         result["digits_real"] = real_digit_score()
@@ -553,17 +665,21 @@ def evaluate_run(
         run.eval_dir.mkdir(exist_ok=True)
         tag = "" if weights == "ema" else f"-{weights}"  # the raw weights' score never replaces the EMA's
         tag += "" if result["fd_precision"] == "fp32" else f"-{result['fd_precision']}"  # nor the fp32 one
+        tag += "" if sampling is None else f"-cfg{sampling.guidance_scale:g}"  # nor another guidance's
         name = f"{metric}-{ckpt.name}{tag}-n{n}-{sampler}{steps}.json"
         write_text_atomic(run.eval_dir / name, json.dumps(result, indent=1))
     return result
 
 
 __all__ = [
+    "CaptionSampling",
     "TrainingEvaluator",
+    "choose_captions",
     "compute_reference_stats",
     "evaluate_run",
     "fd_of_model",
     "reference",
+    "read_caption_list",
     "reference_for",
     "sample_features",
     "score_model",
