@@ -218,3 +218,41 @@ def test_a_changed_number_fails(monkeypatch):
     )
     with pytest.raises(AssertionError, match="does not say"):
         test_the_five_seed_counts_and_mcnemar_at_2e_2_and_8e_2()
+
+
+# ----------------------------------------------------------------------------- the paired test
+
+
+def paired_sentence() -> str:
+    """The README's and Studies' sentence on the paired test, from its map.json."""
+    data = json.loads((RESULTS / "lr-basin-paired" / "map.json").read_text())
+    (row,) = [r for r in data["paired"] if r["method"] == "cs"]
+    n = row["shared_seeds"]
+    cells = {c["method"]: c for c in data["cells"]}
+    failed = {m: sum(bool(f) for f in cells[m]["failed"]) for m in ("none", "cs")}
+    h, d = row["fp16_headroom_ratio"], row["x0_error_minus_none"]
+    verdict = (
+        "a rescue by the criterion stated before the runs"
+        if row["mcnemar_p"] < 0.05 and failed["cs"] < failed["none"] and n >= 5
+        else "no rescue by the criterion stated before the runs"
+    )
+    return (
+        f"`none` failed on {failed['none']}/{n} seeds and `cs` on {failed['cs']}/{n}: both on "
+        f"{row['both_failed']}, only `none` on {row['only_none_failed']}, only `cs` on "
+        f"{row['only_method_failed']} (McNemar p = {row['mcnemar_p']:.2g}), {verdict}. Among the "
+        f"{row['both_trained']} seeds where both trained, `cs` keeps {h['estimate']:.2g}x `none`'s least "
+        f"fp16 headroom ({h['low']:.2g} to {h['high']:.2g}) and its held-out x0 error differs by "
+        f"{d['estimate']:+.4f} ({d['low']:+.3f} to {d['high']:+.3f})"
+    )
+
+
+def test_the_paired_test_as_quoted():
+    data = json.loads((RESULTS / "lr-basin-paired" / "map.json").read_text())
+    runs = json.loads((RESULTS / "lr-basin-paired" / "runs.json").read_text())
+    precisions = {r["provenance"]["precision"] for c in runs["cells"] for r in c["runs"]}
+    assert precisions == {"fp32"} and all(c["seed"] == data["cells"][0]["seed"] for c in data["cells"])
+    sentence = paired_sentence()
+    assert_quoted("README.md", sentence)
+    assert_quoted("docs/studies.md", sentence)
+    n = data["paired"][0]["shared_seeds"]
+    assert_quoted("README.md", f"{n} of the 20 seeds run")
