@@ -145,3 +145,27 @@ def test_a_study_of_mixed_precisions_says_so_per_cell():
         rows[2] == "| 12 | 0.02 | none | 2 | aaaaaaaaaa, bbbbbbbbbb+dirty | 2.14.1 | bf16, fp32 | AMD EPYC |"
     )
     assert rows[3] == "| 12 | 0.02 | cs | 1 | unrecorded | unrecorded | unrecorded | unrecorded |"
+
+
+def test_failures_are_counted_by_cause():
+    from scalelong.sweep import cause_section
+
+    overflow = Divergence(
+        "nonfinite",
+        40,
+        "stopped on non-finite steps in a row; the last: fp16 overflow in forward at "
+        "out_blocks.0.skip_linear (step 40: |value| inf)",
+    )
+    runs = [
+        SeedSummary(0, breaks=(overflow,)),
+        SeedSummary(1, breaks=FAILED),
+        SeedSummary(2, breaks=(overflow,)),
+    ]
+    runs.append(SeedSummary(3))
+    heading, _, table = cause_section([CellSummary(Cell(12, 2e-2, "none"), runs)])
+    assert heading == "## Failures by cause"
+    assert table.splitlines()[2:] == [
+        "| 12 | 0.02 | none | nonfinite: fp16 overflow in forward at out_blocks.0.skip_linear | 2/4 |",
+        "| 12 | 0.02 | none | x0 | 1/4 |",
+    ]
+    assert cause_section([CellSummary(Cell(12, 2e-2, "cs"), [SeedSummary(0)])]) == []

@@ -42,7 +42,7 @@ from scalelong.plots import (
 from scalelong.runs import RunDir, config_differences
 from scalelong.skips import method_order
 from scalelong.studies.basin import Basin, basin_json, basin_section, basin_table, basins
-from scalelong.studies.divergence import DEFAULT_RULE, DivergenceRule, criteria
+from scalelong.studies.divergence import DEFAULT_RULE, DivergenceRule, causes, criteria
 from scalelong.studies.length import length_section
 from scalelong.studies.mapfile import agreement_section, read_map
 from scalelong.studies.paired import paired_json, paired_section
@@ -284,6 +284,27 @@ def write_map_json(
     return path
 
 
+def cause_section(cells: Sequence[CellSummary]) -> list[str]:
+    """The report's failures by cause: per cell that had any, how many runs failed by each cause
+    (:func:`scalelong.studies.divergence.cause`: the criterion, and for a run stopped on non-finite
+    steps the module where its last skipped step overflowed). Empty without a failure."""
+    rows = []
+    for c in sorted(cells, key=lambda c: (c.cell.depth or 0, method_order(c.cell.method), c.cell.lr)):
+        for why, n in sorted(causes(c.breaks).items()):
+            depth = "" if c.cell.depth is None else str(c.cell.depth)
+            rows.append(f"| {depth} | {c.cell.lr:g} | {c.cell.method} | {why} | {n}/{c.count} |")
+    if not rows:
+        return []
+    return [
+        "## Failures by cause",
+        "Each failed run once, by its first criterion: `x0` (it ended no better than the mean image), "
+        "`loss` (runs without a held-out error), `nonfinite` with where its last skipped step went "
+        "non-finite (`fp16 overflow in forward at MODULE`, a gradient overflow, or a non-finite output "
+        "fp32 shows too).",
+        "| depth | lr | method | cause | runs |\n|---|---|---|---|---|\n" + "\n".join(rows),
+    ]
+
+
 def draw_map(cells: Sequence[CellSummary], path: Path, title: str, metric: str) -> Path:
     """The heatmap of one depth: methods x lrs, coloured by the mean final ``metric``."""
     methods = sorted({c.cell.method for c in cells}, key=method_order)
@@ -500,6 +521,7 @@ def write_sweep_report(
             "(difference) is no evidence of a gap.",
             gaps,
         ]
+    parts += cause_section(cells)
     parts += paired_section(cells)
     basin_parts, _ = basin_section(cells, sweep_dir, found)
     parts += basin_parts
