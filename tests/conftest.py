@@ -87,3 +87,20 @@ def nan_loss_at(*steps: int):
         return loss * float("nan") if step in steps else loss
 
     return hook
+
+
+def tiny_cpu_config(tmp_path, name: str, *extra: str):
+    """The demo config of an 8-step tiny U-ViT run on the CPU (checkpoints every 4 steps, no samples),
+    with ``extra`` overrides: the trainer tests' common run."""
+    from scalelong.config import load_config
+
+    overrides = tiny_uvit_overrides(name, tmp_path, steps=8) + [
+        "train.batch_size=8",
+        "train.log_every=2",
+        "train.checkpoint_every=4",
+        "train.device=cpu",
+        "train.tensorboard=false",
+        "sample.num_images=0",
+        *extra,
+    ]
+    return load_config("configs/demo.yaml", overrides)

@@ -71,3 +71,20 @@ def fake_coco(root: Path, n: int = 4, size: tuple[int, int] = (40, 30)) -> tuple
     captions = root / "captions.json"
     captions.write_text(json.dumps(data))
     return images, captions
+
+
+def save_tiny_t2i_run(cfg, tmp_path: Path) -> None:
+    """A text-to-image run folder of ``cfg`` (config and a step-1 checkpoint of a fresh model) and the
+    tiny text encoder and autoencoder it names, saved under ``tmp_path / "clip"`` and ``"vae"``."""
+    from scalelong.build import build_model
+    from scalelong.checkpoint import save_checkpoint
+    from scalelong.config import config_to_dict, save_config
+
+    cfg.run_dir.mkdir()
+    save_config(cfg, cfg.run_dir / "config.yaml")
+    model = build_model(cfg.model)
+    save_checkpoint(cfg.run_dir / "checkpoints", 1, model, model, config_to_dict(cfg))
+    tokenizer, text = tiny_text_encoder(tmp_path)
+    tokenizer.save_pretrained(tmp_path / "clip")
+    text.save_pretrained(tmp_path / "clip")
+    tiny_autoencoder().save_pretrained(tmp_path / "vae")

@@ -16,7 +16,7 @@ from safetensors.torch import load_file
 from torch import nn
 from torch.overrides import TorchFunctionMode
 
-from conftest import tiny_uvit_overrides
+from conftest import tiny_cpu_config, tiny_uvit_overrides
 from scalelong import fp16
 from scalelong.checkpoint import check_resume_precision
 from scalelong.cli import main
@@ -173,17 +173,7 @@ def test_the_backbones_call_only_classified_functions(overrides):
 
 
 def tiny(tmp_path, name: str, *extra: str):
-    overrides = tiny_uvit_overrides(name, tmp_path, steps=8) + [
-        "train.batch_size=8",
-        "train.log_every=2",
-        "train.checkpoint_every=4",
-        "train.device=cpu",
-        "train.tensorboard=false",
-        "sample.num_images=0",
-        "diagnostics.noise_levels=0",
-        *extra,
-    ]
-    return load_config("configs/demo.yaml", overrides)
+    return tiny_cpu_config(tmp_path, name, "diagnostics.noise_levels=0", *extra)
 
 
 def final(run, step: int = 8) -> dict:

@@ -9,25 +9,15 @@ import torch
 from safetensors.torch import load_file
 
 import scalelong.train
-from conftest import nan_loss_at, tiny_uvit_overrides
+from conftest import nan_loss_at, tiny_cpu_config, tiny_uvit_overrides
 from scalelong.checkpoint import list_checkpoints, nonfinite_tensors
 from scalelong.cli import main
-from scalelong.config import load_config
 from scalelong.errors import ScaleLongError
 from scalelong.train import lr_factor, train
 
 
 def tiny(tmp_path, name: str, *extra: str):
-    overrides = tiny_uvit_overrides(name, tmp_path, steps=8) + [
-        "train.batch_size=8",
-        "train.log_every=2",
-        "train.checkpoint_every=4",
-        "train.device=cpu",
-        "train.tensorboard=false",
-        "sample.num_images=0",
-        *extra,
-    ]
-    return load_config("configs/demo.yaml", overrides)
+    return tiny_cpu_config(tmp_path, name, *extra)
 
 
 def records(run_dir):

@@ -6,7 +6,7 @@ from scalelong.diffusion import DiscreteDDPM
 from scalelong.errors import ScaleLongError
 from scalelong.models import UViT
 from scalelong.t2i import extract_features, guided_eps_fn
-from t2i_fixtures import fake_coco, tiny_autoencoder, tiny_text_encoder
+from t2i_fixtures import fake_coco, save_tiny_t2i_run, tiny_autoencoder, tiny_text_encoder
 
 pytest.importorskip("transformers")
 pytest.importorskip("diffusers")
@@ -167,24 +167,15 @@ def test_cli_extract_train_and_sample_from_prompts_with_guidance(tmp_path, capsy
 def test_prompt_sampling_refuses_other_settings_and_resumes_the_same(tmp_path, capsys):
     """One folder holds one set of images: another guidance scale, prompt list or seed is refused in
     one line and changes nothing there; the same settings (however the prompts are given) resume."""
-    from scalelong.build import build_model
-    from scalelong.checkpoint import save_checkpoint
     from scalelong.cli import main
-    from scalelong.config import config_to_dict, load_config, save_config
+    from scalelong.config import load_config
 
     cfg = load_config(
         "configs/mscoco_uvit_s2_t2i.yaml",
         [f"out_dir={tmp_path}", "name=t2i", "model.uvit.img_size=8", "model.uvit.embed_dim=32"]
         + ["model.uvit.depth=2", "model.uvit.num_heads=2", "model.uvit.context_dim=32"],
     )
-    cfg.run_dir.mkdir()
-    save_config(cfg, cfg.run_dir / "config.yaml")
-    model = build_model(cfg.model)
-    save_checkpoint(cfg.run_dir / "checkpoints", 1, model, model, config_to_dict(cfg))
-    tokenizer, text = tiny_text_encoder(tmp_path)
-    tokenizer.save_pretrained(tmp_path / "clip")
-    text.save_pretrained(tmp_path / "clip")
-    tiny_autoencoder().save_pretrained(tmp_path / "vae")
+    save_tiny_t2i_run(cfg, tmp_path)
     (tmp_path / "prompts.txt").write_text("a cat\na dog\n")
     out = tmp_path / "img"
 

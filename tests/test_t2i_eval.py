@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from scalelong.cli import main
-from t2i_fixtures import fake_coco
+from t2i_fixtures import fake_coco, save_tiny_t2i_run
 
 pytest.importorskip("transformers")
 pytest.importorskip("diffusers")
@@ -78,10 +78,7 @@ def test_caption_choice_is_seeded_wraps_and_ignores_the_process_count():
 @pytest.fixture()
 def t2i_run(tmp_path, monkeypatch):
     """A tiny untrained text-to-image run, local tiny encoders, validation captions, reference stats."""
-    from scalelong.build import build_model
-    from scalelong.checkpoint import save_checkpoint
-    from scalelong.config import config_to_dict, load_config, save_config
-    from t2i_fixtures import tiny_autoencoder, tiny_text_encoder
+    from scalelong.config import load_config
 
     shapes: list = []
     monkeypatch.setattr("scalelong.evaluation.feature_fn", lambda *a, **k: cheap_features(shapes))
@@ -94,14 +91,7 @@ def t2i_run(tmp_path, monkeypatch):
     small += ["model.uvit.context_dim=32", "eval.steps=2", "eval.batch_size=3", "t2i.guidance_scale=2"]
     small += [f"t2i.text_encoder={tmp_path / 'clip'}", f"t2i.autoencoder={tmp_path / 'vae'}"]
     cfg = load_config("configs/mscoco_uvit_s2_t2i.yaml", [f"out_dir={tmp_path}", "name=t2i", *small])
-    cfg.run_dir.mkdir()
-    save_config(cfg, cfg.run_dir / "config.yaml")
-    model = build_model(cfg.model)
-    save_checkpoint(cfg.run_dir / "checkpoints", 1, model, model, config_to_dict(cfg))
-    tokenizer, text = tiny_text_encoder(tmp_path)
-    tokenizer.save_pretrained(tmp_path / "clip")
-    text.save_pretrained(tmp_path / "clip")
-    tiny_autoencoder().save_pretrained(tmp_path / "vae")
+    save_tiny_t2i_run(cfg, tmp_path)
     images, _ = fake_coco(tmp_path, n=3, size=(40, 30))
     fid = ["fid-stats", "configs/mscoco_uvit_s2_t2i.yaml", *small, "--images", str(images), "--device=cpu"]
     assert main([*fid, "--out", str(tmp_path / "coco_val.npz"), "--no-progress"]) == 0
