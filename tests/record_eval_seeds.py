@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 
 import scalelong.evaluation
-from scalelong.cli import main
+from scalelong.cli import run
 
 
 def recording(sample_features, folder: Path):
@@ -25,4 +25,4 @@ if __name__ == "__main__":
     folder.mkdir(parents=True, exist_ok=True)
     evaluation = scalelong.evaluation
     evaluation.sample_features = recording(evaluation.sample_features, folder)  # what fd_of_model calls
-    sys.exit(main(argv))
+    run(argv)

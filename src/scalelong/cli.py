@@ -790,16 +790,23 @@ def main(argv: list[str] | None = None) -> int:
 
 def _exit_as_worker(code: int) -> None:
     """A process of a multi-process run ends with exactly its exit code: the interpreter's teardown
-    can abort (SIGABRT) in the process group's destructors while another rank is still in a
-    collective, and its launcher would then report a crash instead of the one-line error."""
+    can abort (SIGABRT, "terminate called without an active exception") in the process group's
+    destructors, also after a run that succeeded, and its launcher would then report a crash."""
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(code)
 
 
-if __name__ == "__main__":
-    code = main()
-    # started by launch_processes (scalelong.launch.LAUNCHER_PID; not imported: it imports torch)
-    if os.environ.get("SCALELONG_LAUNCHER_PID"):
+def run(argv: list[str] | None = None) -> None:
+    """The ``scalelong`` command: :func:`main`, then exit with its code. A process of a multi-process
+    run (started by the product's launcher, ``accelerate launch`` or ``torchrun``) skips the
+    interpreter's teardown."""
+    code = main(argv)
+    # SCALELONG_LAUNCHER_PID: scalelong.launch.LAUNCHER_PID (not imported: it imports torch)
+    if os.environ.get("SCALELONG_LAUNCHER_PID") or int(os.environ.get("WORLD_SIZE", "1")) > 1:
         _exit_as_worker(code)
     sys.exit(code)
+
+
+if __name__ == "__main__":
+    run()
