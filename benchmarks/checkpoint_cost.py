@@ -1,7 +1,7 @@
 """What a full-state checkpoint of U-ViT-S/2 costs: save time, verify and load time, size on disk.
 
 The recipe model (configs/cifar10_uvit_s2.yaml, 44.3M parameters) with its EMA and a populated
-AdamW state is checkpointed through :func:`scalelong.checkpoint.save_checkpoint` (safetensors,
+AdamW state is checkpointed through :func:`scalelong.training.checkpoint.save_checkpoint` (safetensors,
 torch.save, sha256 and fsync of every file, atomic rename). Timed in alternation against the
 baseline ``torch.save(model.state_dict())`` (weights only, no checksum, no fsync).
 
@@ -19,9 +19,9 @@ from pathlib import Path
 import torch
 
 from benchmarks.harness import interleaved_medians, markdown_table, write_result
-from scalelong.build import build_model, count_parameters
-from scalelong.checkpoint import checkpoint_problem, load_training_state, save_checkpoint
-from scalelong.config import config_to_dict, load_config
+from scalelong.training.build import build_model, count_parameters
+from scalelong.training.checkpoint import checkpoint_problem, load_training_state, save_checkpoint
+from scalelong.training.config import config_to_dict, load_config
 
 
 def main() -> None:

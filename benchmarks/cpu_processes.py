@@ -26,7 +26,7 @@ import time
 from pathlib import Path
 
 from benchmarks.harness import markdown_table, write_result
-from scalelong.launch import cpu_cores
+from scalelong.training.launch import cpu_cores
 
 
 def train_command(folder: Path, steps: int, processes: int) -> list[str]:

@@ -19,7 +19,7 @@ import torch.nn.functional as F
 
 from benchmarks.harness import markdown_table, write_result
 from scalelong.data import embedded_mnist
-from scalelong.frechet import fd_mnist_features, fd_of_images, mnist_reference_stats
+from scalelong.metrics.frechet import fd_mnist_features, fd_of_images, mnist_reference_stats
 
 BACKGROUND = -1.0  # the digits' black, in [-1, 1]
 

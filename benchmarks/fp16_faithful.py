@@ -38,13 +38,13 @@ from benchmarks.harness import add_common_args, markdown_table, result_name, set
 def run(arm: str, steps: int, batch: int, preset: str) -> dict:
     """``steps`` trainer-like fp16 steps of ``preset`` in ``arm`` (``policy``, ``native``: on the
     CPU; ``cuda``: on the GPU under its own autocast): losses, skipped steps, scale, seconds."""
-    from scalelong.build import build_model, build_schedule
-    from scalelong.config import load_config
     from scalelong.data import embedded_mnist
     from scalelong.diffusion import denoising_loss
     from scalelong.fp16 import autocast_forward
     from scalelong.optim import lr_factor
-    from scalelong.train import grad_norm, make_optimizer
+    from scalelong.training.build import build_model, build_schedule
+    from scalelong.training.config import load_config
+    from scalelong.training.train import grad_norm, make_optimizer
 
     cfg = load_config(preset)
     o, clip = cfg.optim, cfg.train.grad_clip

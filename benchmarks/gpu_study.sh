@@ -145,9 +145,9 @@ import os
 import sys
 from pathlib import Path
 
-from scalelong.config import load_config
+from scalelong.training.config import load_config
 from scalelong.errors import ScaleLongError
-from scalelong.sweep import report_sweep
+from scalelong.studies.sweep import report_sweep
 
 cfg = load_config(sys.argv[1], sys.argv[2:])
 fig1_lr = float(os.environ["FIG1_LR"]) if os.environ.get("FIG1_LR") else None

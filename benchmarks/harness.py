@@ -64,7 +64,7 @@ def cpu_model() -> str:
 
 
 def machine() -> dict:
-    from scalelong.launch import cpu_has_bf16
+    from scalelong.training.launch import cpu_has_bf16
 
     info = {
         "python": platform.python_version(),

@@ -24,9 +24,9 @@ import numpy as np
 import torch
 
 from benchmarks.harness import interleaved_medians, markdown_table, write_result
-from scalelong.config import load_config
-from scalelong.launch import make_accelerator
-from scalelong.train import Trainer
+from scalelong.training.config import load_config
+from scalelong.training.launch import make_accelerator
+from scalelong.training.train import Trainer
 
 
 def fake_cifar10(root: Path, per_batch: int) -> Path:

@@ -22,10 +22,10 @@ import torch
 
 from benchmarks.harness import markdown_table, write_result
 from scalelong.data import embedded_mnist
-from scalelong.evaluation import fd_of_model
-from scalelong.frechet import fd_mnist_features, fd_of_images, mnist_reference_stats
-from scalelong.runs import RunDir
+from scalelong.metrics.frechet import fd_mnist_features, fd_of_images, mnist_reference_stats
 from scalelong.sampling import network_evaluations
+from scalelong.training.evaluation import fd_of_model
+from scalelong.training.runs import RunDir
 
 ROOT = Path(__file__).resolve().parents[1]
 RUN = ROOT / "runs" / "bench-demo"

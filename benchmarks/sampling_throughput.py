@@ -16,9 +16,9 @@ import argparse
 import torch
 
 from benchmarks.harness import interleaved_medians, markdown_table, write_result
-from scalelong.build import build_model, build_schedule, model_input_shape
-from scalelong.config import load_config
 from scalelong.sampling import generate, network_evaluations
+from scalelong.training.build import build_model, build_schedule, model_input_shape
+from scalelong.training.config import load_config
 
 
 def main(argv: list[str] | None = None) -> None:

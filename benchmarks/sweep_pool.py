@@ -21,10 +21,10 @@ from pathlib import Path
 import torch
 
 from benchmarks.harness import add_common_args, interleaved_medians, markdown_table, ratios, write_result
-from scalelong.config import load_config
-from scalelong.launch import cpu_cores, pool_map
 from scalelong.studies.running import train_run
-from scalelong.sweep import plan, run_sweep
+from scalelong.studies.sweep import plan, run_sweep
+from scalelong.training.config import load_config
+from scalelong.training.launch import cpu_cores, pool_map
 
 METHODS, LRS = ["none", "cs"], [2e-3, 5e-3]
 

@@ -1,6 +1,6 @@
 """Training throughput (img/s) and peak memory of the shipped configs, each in its own process.
 
-Every config runs :meth:`scalelong.train.Trainer.train_step` (the real step: noise draws,
+Every config runs :meth:`scalelong.training.train.Trainer.train_step` (the real step: noise draws,
 forward, loss, backward, grad norm, AdamW, EMA) in a fresh subprocess, so the peak memory of
 one config is not inflated by another's. Peak memory: on CUDA ``torch.cuda.max_memory_allocated``
 during the timed steps; on the CPU the process's peak resident set (``ru_maxrss``) and its
@@ -45,9 +45,9 @@ def _rss_mib() -> float:
 def worker(args) -> dict:
     """One config in this process: time ``steps`` training steps, report img/s and memory."""
     from benchmarks.loader_vs_step import fake_cifar10
-    from scalelong.config import load_config
-    from scalelong.launch import make_accelerator
-    from scalelong.train import Trainer
+    from scalelong.training.config import load_config
+    from scalelong.training.launch import make_accelerator
+    from scalelong.training.train import Trainer
 
     device = setup(args)
     path, default_batch = CONFIGS[args.config]

@@ -50,9 +50,9 @@ from benchmarks.harness import (
 
 def demo_parts(preset: str, batch: int):
     """(model, schedule, x0 batch) of a preset, built as the trainer builds them."""
-    from scalelong.build import build_model, build_schedule
-    from scalelong.config import load_config
     from scalelong.data import embedded_mnist
+    from scalelong.training.build import build_model, build_schedule
+    from scalelong.training.config import load_config
 
     cfg = load_config(preset)
     torch.manual_seed(0)

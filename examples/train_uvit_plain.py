@@ -280,7 +280,7 @@ def train(args: argparse.Namespace) -> None:
         )
         save_image((samples + 1) / 2, out / "samples.png", nrow=math.ceil(math.sqrt(len(samples))))
         if args.img_size == 32:  # the FD-MNIST classifier reads 32x32 digits
-            from scalelong.fd_mnist import digit_score, format_digit_score
+            from scalelong.metrics.fd_mnist import digit_score, format_digit_score
 
             score = digit_score(samples.cpu())
             log.write(step, {"digits/confident": score["confident"], "digits/entropy": score["entropy"]})

@@ -92,7 +92,7 @@ def nan_loss_at(*steps: int):
 def tiny_cpu_config(tmp_path, name: str, *extra: str):
     """The demo config of an 8-step tiny U-ViT run on the CPU (checkpoints every 4 steps, no samples),
     with ``extra`` overrides: the trainer tests' common run."""
-    from scalelong.config import load_config
+    from scalelong.training.config import load_config
 
     overrides = tiny_uvit_overrides(name, tmp_path, steps=8) + [
         "train.batch_size=8",

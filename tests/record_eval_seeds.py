@@ -7,7 +7,7 @@ import os
 import sys
 from pathlib import Path
 
-import scalelong.evaluation
+import scalelong.training.evaluation
 from scalelong.cli import run
 
 
@@ -23,6 +23,6 @@ def recording(sample_features, folder: Path):
 if __name__ == "__main__":
     folder, argv = Path(sys.argv[1]), sys.argv[2:]
     folder.mkdir(parents=True, exist_ok=True)
-    evaluation = scalelong.evaluation
+    evaluation = scalelong.training.evaluation
     evaluation.sample_features = recording(evaluation.sample_features, folder)  # what fd_of_model calls
     run(argv)

@@ -74,7 +74,7 @@ def stop_at(what: str, at_step: int, at_rank: int | None, step: int, trainer) ->
 def pause_in_save(at_step: int) -> None:
     """Make the main process wait for good in the middle of writing the step-``at_step`` checkpoint,
     once its first file is written."""
-    import scalelong.checkpoint as checkpoint
+    import scalelong.training.checkpoint as checkpoint
 
     write = checkpoint.save_file
     folder = checkpoint.TMP_PREFIX + checkpoint.step_dir_name(at_step)
@@ -107,10 +107,10 @@ def waiting_run_all(run_all, at_step: int, until: str | os.PathLike | None = Non
 
 
 if __name__ == "__main__":
-    import scalelong.compare
-    import scalelong.launch
-    import scalelong.sweep
-    import scalelong.train
+    import scalelong.studies.compare
+    import scalelong.studies.sweep
+    import scalelong.training.launch
+    import scalelong.training.train
     from scalelong.cli import main
 
     at, argv = sys.argv[1], sys.argv[2:]
@@ -118,9 +118,15 @@ if __name__ == "__main__":
     if what == "save":
         pause_in_save(at_step)
     hook = functools.partial(stop_at, what, at_step, at_rank)
-    scalelong.train.train = functools.partial(scalelong.train.train, step_hooks=[hook])  # `scalelong train`
+    scalelong.training.train.train = functools.partial(
+        scalelong.training.train.train, step_hooks=[hook]
+    )  # `scalelong train`
     # the processes of `scalelong train --num-processes N` run this script too, with the same AT
-    scalelong.launch.WORKER_PROGRAM = [os.path.abspath(__file__), at]
-    scalelong.compare.run_all = waiting_run_all(scalelong.compare.run_all, at_step)  # `scalelong compare`
-    scalelong.sweep.run_all = waiting_run_all(scalelong.sweep.run_all, at_step)  # `scalelong sweep`
+    scalelong.training.launch.WORKER_PROGRAM = [os.path.abspath(__file__), at]
+    scalelong.studies.compare.run_all = waiting_run_all(
+        scalelong.studies.compare.run_all, at_step
+    )  # `scalelong compare`
+    scalelong.studies.sweep.run_all = waiting_run_all(
+        scalelong.studies.sweep.run_all, at_step
+    )  # `scalelong sweep`
     sys.exit(main(argv))

@@ -76,9 +76,9 @@ def fake_coco(root: Path, n: int = 4, size: tuple[int, int] = (40, 30)) -> tuple
 def save_tiny_t2i_run(cfg, tmp_path: Path) -> None:
     """A text-to-image run folder of ``cfg`` (config and a step-1 checkpoint of a fresh model) and the
     tiny text encoder and autoencoder it names, saved under ``tmp_path / "clip"`` and ``"vae"``."""
-    from scalelong.build import build_model
-    from scalelong.checkpoint import save_checkpoint
-    from scalelong.config import config_to_dict, save_config
+    from scalelong.training.build import build_model
+    from scalelong.training.checkpoint import save_checkpoint
+    from scalelong.training.config import config_to_dict, save_config
 
     cfg.run_dir.mkdir()
     save_config(cfg, cfg.run_dir / "config.yaml")

@@ -12,10 +12,10 @@ from safetensors.numpy import save_file
 
 from conftest import tiny_uvit_overrides
 from scalelong.cli import main
-from scalelong.config import load_config
 from scalelong.data import load_dataset, split_heldout
 from scalelong.errors import ScaleLongError
-from scalelong.evaluation import probe_images
+from scalelong.training.config import load_config
+from scalelong.training.evaluation import probe_images
 
 
 def pixels(n=6, c=3, side=8, seed=0) -> np.ndarray:

@@ -11,14 +11,14 @@ from pathlib import Path
 import pytest
 import torch
 
-import scalelong.build
+import scalelong.training.build
 from conftest import tiny_uvit_overrides
-from scalelong.build import build_model, check_model, check_models
-from scalelong.checkpoint import save_checkpoint
 from scalelong.cli import main
-from scalelong.config import config_to_dict, load_config, save_config
 from scalelong.errors import ScaleLongError
 from scalelong.skips import MERGE_LAYER_METHODS, METHODS
+from scalelong.training.build import build_model, check_model, check_models
+from scalelong.training.checkpoint import save_checkpoint
+from scalelong.training.config import config_to_dict, load_config, save_config
 from test_bad_inputs import files_under, refused
 
 DEMO = Path(__file__).parents[1] / "configs" / "demo.yaml"
@@ -137,7 +137,7 @@ def test_every_shipped_recipe_passes_the_model_check_with_every_method(config):
             continue
         cfg = load_config(config, overrides)
         model = check_model(cfg.model)
-        small = sum(p.numel() for p in model.parameters()) <= scalelong.build.CHECK_ON_CPU_PARAMETERS
+        small = sum(p.numel() for p in model.parameters()) <= scalelong.training.build.CHECK_ON_CPU_PARAMETERS
         assert next(model.parameters()).device.type == ("cpu" if small else "meta")
     assert torch.equal(torch.get_rng_state(), rng)  # nothing drawn: a run's initialisation is unchanged
 
@@ -145,7 +145,7 @@ def test_every_shipped_recipe_passes_the_model_check_with_every_method(config):
 @pytest.mark.parametrize("case", ["uvit-ls-tokens", "diffusers-odd-side"])
 def test_a_model_above_the_cpu_check_size_is_checked_on_the_meta_device(monkeypatch, case):
     cfg = load_config(DEMO, ["data.path=/nowhere"])
-    monkeypatch.setattr(scalelong.build, "CHECK_ON_CPU_PARAMETERS", 0)
+    monkeypatch.setattr(scalelong.training.build, "CHECK_ON_CPU_PARAMETERS", 0)
     assert next(check_model(cfg.model).parameters()).is_meta
     overrides, words = REJECTED[case]
     with pytest.raises(ScaleLongError) as meta_error:
@@ -160,7 +160,8 @@ def test_a_model_above_the_cpu_check_size_is_checked_on_the_meta_device(monkeypa
 def test_the_model_check_of_the_demo_imports_no_symbolic_shapes():
     # torch's meta kernels pull in sympy on the first convolution: 1.5 s in every CLI process
     code = (
-        "import sys; from scalelong.build import check_model; from scalelong.config import load_config; "
+        "import sys; from scalelong.training.build import check_model; "
+        "from scalelong.training.config import load_config; "
         f"check_model(load_config({str(DEMO)!r}).model); print('sympy' in sys.modules)"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
@@ -169,7 +170,7 @@ def test_the_model_check_of_the_demo_imports_no_symbolic_shapes():
 
 def test_a_study_checks_each_model_config_once(monkeypatch):
     checked = []
-    monkeypatch.setattr(scalelong.build, "check_model", lambda cfg: checked.append(cfg.skip.method))
+    monkeypatch.setattr(scalelong.training.build, "check_model", lambda cfg: checked.append(cfg.skip.method))
     cfgs = [
         load_config(None, [f"model.skip.method={m}", f"train.seed={s}"])
         for s in (0, 1)
@@ -181,13 +182,13 @@ def test_a_study_checks_each_model_config_once(monkeypatch):
 
 def test_train_checks_the_model_before_it_builds_it_for_the_run(tmp_path, capsys, monkeypatch):
     devices = []
-    construct = scalelong.build._construct
+    construct = scalelong.training.build._construct
 
     def spy(cfg):
         devices.append(str(torch.get_default_device()))
         return construct(cfg)
 
-    monkeypatch.setattr(scalelong.build, "_construct", spy)
+    monkeypatch.setattr(scalelong.training.build, "_construct", spy)
     overrides = [*tiny_uvit_overrides("once", tmp_path / "runs", steps=2), "sample.num_images=0"]
     assert main(["train", str(DEMO), *overrides, "--no-progress"]) == 0, capsys.readouterr().err
     assert devices == ["meta", "cpu", "cpu"]  # counted on meta, checked on the CPU, then the run's

@@ -1,5 +1,5 @@
 """Studies past one machine: one run per GPU (the device count faked where the pool reads it,
-:func:`scalelong.launch.visible_gpus`), and a sweep as jobs of submitit's local executor (real
+:func:`scalelong.training.launch.visible_gpus`), and a sweep as jobs of submitit's local executor (real
 processes, no cluster), one job killed and one requeued midway, with the local pool's report."""
 
 import json
@@ -12,18 +12,18 @@ from pathlib import Path
 import pytest
 import torch
 
-import scalelong.launch
 import scalelong.studies.running
-import scalelong.sweep
+import scalelong.studies.sweep
+import scalelong.training.launch
 from conftest import learning_uvit_overrides
 from run_until_killed import waiting_run_all
 from scalelong.cli import main
-from scalelong.compare import method_config
-from scalelong.config import load_config
 from scalelong.errors import ScaleLongError
-from scalelong.launch import Placement, place_runs, pool_map
 from scalelong.studies.cluster import ClusterOptions, parse_sbatch, parse_time
+from scalelong.studies.compare import method_config
 from scalelong.studies.running import RunOutcome, run_all, train_run
+from scalelong.training.config import load_config
+from scalelong.training.launch import Placement, place_runs, pool_map
 
 TESTS = Path(__file__).parent
 
@@ -34,7 +34,7 @@ def gpus(monkeypatch):
 
     def fake(n: int) -> list[str]:
         names = [str(i) for i in range(n)]
-        monkeypatch.setattr(scalelong.launch, "visible_gpus", lambda: names)
+        monkeypatch.setattr(scalelong.training.launch, "visible_gpus", lambda: names)
         return names
 
     return fake
@@ -150,7 +150,7 @@ def test_run_all_hands_each_worker_its_gpus_and_each_run_its_processes(gpus, tmp
     run_all(tiny_configs(tmp_path / "cpu", device="cpu"), jobs=2, progress=False)
     assert seen["gpus"] == () and "2 runs: 2 workers on the CPU" in capsys.readouterr().out
     # more runs at once than cores: one thread each, said once for the study
-    monkeypatch.setattr(scalelong.launch, "cpu_cores", lambda: 2)
+    monkeypatch.setattr(scalelong.training.launch, "cpu_cores", lambda: 2)
     run_all(tiny_configs(tmp_path / "cpu3", ("none", "cs", "ls"), device="cpu"), jobs=3, progress=False)
     assert (seen["jobs"], seen["threads"], seen["gpus"]) == (3, 1, ())
     assert capsys.readouterr().err == "--jobs 3 on 2 cores: one thread each, the runs share the cores\n"
@@ -321,7 +321,7 @@ def test_a_sweep_of_local_jobs_killed_and_requeued_midway_reports_what_the_pool_
     same sweep trained by the local pool, number for number."""
     pytest.importorskip("submitit")
     # one torch thread in every job, as in the pool's run here: the numbers can then match bitwise
-    monkeypatch.setattr(scalelong.launch, "cpu_cores", lambda: 1)
+    monkeypatch.setattr(scalelong.training.launch, "cpu_cores", lambda: 1)
     grid = ["--methods", "none,cs", "--lrs", "2e-2", "--depths", "4", "--no-progress"]
 
     def sweep(folder: Path, *flags: str) -> list[str]:
@@ -335,7 +335,9 @@ def test_a_sweep_of_local_jobs_killed_and_requeued_midway_reports_what_the_pool_
         """The command with --no-wait, every run it submits waiting after ``at_step``."""
         with monkeypatch.context() as m:
             m.setattr(
-                scalelong.sweep, "run_all", waiting_run_all(scalelong.studies.running.run_all, at_step, until)
+                scalelong.studies.sweep,
+                "run_all",
+                waiting_run_all(scalelong.studies.running.run_all, at_step, until),
             )
             assert main([*command, "--no-wait"]) == 0
         return capsys.readouterr().out

@@ -7,14 +7,14 @@ import torch
 
 from conftest import learning_uvit_overrides, tiny_uvit_overrides
 from scalelong.cli import main
-from scalelong.compare import run_comparison, steps_to_target, summarise, summary_table
-from scalelong.config import load_config
 from scalelong.errors import ScaleLongError
-from scalelong.launch import cpu_cores, share_cores
+from scalelong.studies.compare import run_comparison, steps_to_target, summarise, summary_table
 from scalelong.studies.divergence import Divergence, DivergenceRule, criteria, divergence, feature_growth
 from scalelong.studies.running import parse_methods, run_all
 from scalelong.studies.statistics import mean_ci
 from scalelong.studies.summary import StudyRun
+from scalelong.training.config import load_config
+from scalelong.training.launch import cpu_cores, share_cores
 
 
 def fd_curve(steps_to_values):

@@ -11,13 +11,13 @@ from types import SimpleNamespace
 
 from conftest import tiny_uvit_overrides
 from scalelong.cli import evaluation_lines, main
-from scalelong.compare import summarise, write_report
-from scalelong.config import load_config
+from scalelong.studies.compare import summarise, write_report
 from scalelong.studies.divergence import Divergence
 from scalelong.studies.reading import fig1_order, reading
 from scalelong.studies.running import RunOutcome, StudyResult
 from scalelong.studies.summary import MethodSummary, SeedSummary, StudyRun
-from scalelong.train import _rescore
+from scalelong.training.config import load_config
+from scalelong.training.train import _rescore
 
 
 def summary(
@@ -214,16 +214,20 @@ def fake_result(folder: Path, failed: bool = False) -> StudyResult:
 
 
 def test_compare_prints_the_reading_and_ends_with_the_path_of_report_html(tmp_path, monkeypatch, capsys):
-    import scalelong.compare
+    import scalelong.studies.compare
 
-    monkeypatch.setattr(scalelong.compare, "run_comparison", lambda *a, **k: fake_result(tmp_path / "r"))
+    monkeypatch.setattr(
+        scalelong.studies.compare, "run_comparison", lambda *a, **k: fake_result(tmp_path / "r")
+    )
     assert main(["compare", "demo", "--out", str(tmp_path / "r")]) == 0
     out = capsys.readouterr().out.rstrip().splitlines()
     assert out.index("With 1 seed, it reads.") > out.index("| method |")
     assert out[-2] == f"report: {tmp_path / 'r' / 'report.md'}"
     assert out[-1].strip() == str(tmp_path / "r" / "report.html")
     # runs that failed: the paths still come, then the one-line error
-    monkeypatch.setattr(scalelong.compare, "run_comparison", lambda *a, **k: fake_result(tmp_path, True))
+    monkeypatch.setattr(
+        scalelong.studies.compare, "run_comparison", lambda *a, **k: fake_result(tmp_path, True)
+    )
     assert main(["compare", "demo"]) == 2
     captured = capsys.readouterr()
     assert captured.out.rstrip().endswith(str(tmp_path / "report.html"))

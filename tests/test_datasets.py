@@ -172,8 +172,8 @@ def test_a_corrupt_image_stops_the_run_before_it_starts(tmp_path, capsys):
 
 
 def test_an_image_damaged_during_the_run_is_one_line_from_a_loader_worker(tmp_path):
-    from scalelong.config import load_config
-    from scalelong.train import train
+    from scalelong.training.config import load_config
+    from scalelong.training.train import train
 
     overrides, images = image_folder_run(tmp_path, steps=12)
 
@@ -203,7 +203,7 @@ def test_dry_run_prints_config_model_and_data(tmp_path, capsys):
 def test_grey_image_folder_loads_with_one_channel_and_trains(tmp_path, capsys):
     """data.channels=1 reads grey PNGs as 1-channel images (no RGB copy); 3 keeps RGB; a value the
     model does not take is one line before any data is read."""
-    from scalelong.config import load_config
+    from scalelong.training.config import load_config
 
     images = tmp_path / "grey"
     images.mkdir()

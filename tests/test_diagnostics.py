@@ -4,13 +4,13 @@ import pytest
 import torch
 from torch import nn
 
-from scalelong.checkpoint import save_checkpoint
-from scalelong.config import Config, config_to_dict
 from scalelong.diagnostics import Diagnostics, find_blocks, robustness, window_stats
 from scalelong.diffusion import VPSDE, training_loss
 from scalelong.errors import ScaleLongError
 from scalelong.models.uvit import UViT
-from scalelong.runs import checkpoint_robustness
+from scalelong.training.checkpoint import save_checkpoint
+from scalelong.training.config import Config, config_to_dict
+from scalelong.training.runs import checkpoint_robustness
 
 N_SKIPS = 3
 BLOCKS = [

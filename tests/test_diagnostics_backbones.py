@@ -23,14 +23,14 @@ import scalelong  # noqa: E402
 from adapter_fixtures import TOY_DIFFUSERS_OVERRIDES, unet2d, unet2d_condition  # noqa: E402
 from scalelong import Diagnostics, RunLog, robustness  # noqa: E402
 from scalelong.adapters import apply_scalelong, remove_scalelong  # noqa: E402
-from scalelong.build import DiffusersUNet2D  # noqa: E402
 from scalelong.cli import main  # noqa: E402
 from scalelong.diagnostics import find_blocks  # noqa: E402
 from scalelong.diffusion import DiscreteDDPM  # noqa: E402
 from scalelong.errors import ScaleLongError  # noqa: E402
 from scalelong.models import UNet, UViT  # noqa: E402
-from scalelong.runs import MetricsLog, RunDir  # noqa: E402
 from scalelong.studies.divergence import divergence, feature_growth  # noqa: E402
+from scalelong.training.build import DiffusersUNet2D  # noqa: E402
+from scalelong.training.runs import MetricsLog, RunDir  # noqa: E402
 
 # One worker runs this module (`--dist loadgroup`): the diffusers run is made once.
 pytestmark = pytest.mark.xdist_group("test_diagnostics_backbones")
@@ -215,8 +215,8 @@ TOY_DIFFUSERS = [
 
 @pytest.fixture(scope="module")
 def diffusers_run(tmp_path_factory) -> RunDir:
-    from scalelong.config import load_config
-    from scalelong.train import train
+    from scalelong.training.config import load_config
+    from scalelong.training.train import train
 
     out = tmp_path_factory.mktemp("train")
     torch.manual_seed(0)

@@ -130,8 +130,8 @@ def test_freeu_filters_the_skip_after_scalelong_scaled_it(method):
 
 
 def test_the_trainers_wrapper_is_served_through_the_unet_it_holds(tmp_path):
-    from scalelong.build import DiffusersUNet2D
     from scalelong.skips import skip_table
+    from scalelong.training.build import DiffusersUNet2D
 
     unet = unet2d().eval()
     apply_scalelong(unet, "ls", reduction=4)
@@ -166,9 +166,9 @@ def test_a_file_of_the_earlier_diffusers_only_format_still_loads(tmp_path):
 
 
 def test_train_diffusers_unet2d_from_config(tmp_path):
-    from scalelong.build import build_model
-    from scalelong.config import load_config
-    from scalelong.train import train
+    from scalelong.training.build import build_model
+    from scalelong.training.config import load_config
+    from scalelong.training.train import train
 
     overrides = [
         f"out_dir={tmp_path}",
@@ -190,8 +190,8 @@ def test_train_diffusers_unet2d_from_config(tmp_path):
 
 
 def test_a_diffusers_model_type_without_the_extra_names_it(monkeypatch):
-    from scalelong.build import build_model
-    from scalelong.config import load_config
+    from scalelong.training.build import build_model
+    from scalelong.training.config import load_config
 
     cfg = load_config("configs/demo.yaml", TOY_DIFFUSERS_OVERRIDES)
     monkeypatch.setitem(sys.modules, "diffusers", None)  # as if the extra were not installed

@@ -10,25 +10,25 @@ from pathlib import Path
 import pytest
 import torch
 
-from scalelong import evaluation
-from scalelong.build import build_model
-from scalelong.checkpoint import save_checkpoint
 from scalelong.cli import main
-from scalelong.compare import summarise, summary_table
-from scalelong.config import config_to_dict, load_config, save_config
 from scalelong.data import embedded_mnist
 from scalelong.errors import ScaleLongError
-from scalelong.evaluation import TrainingEvaluator
-from scalelong.fd_mnist import (
+from scalelong.metrics.fd_mnist import (
     digit_score,
     digit_score_of_features,
     digit_score_of_probs,
     format_digit_score,
     real_digit_score,
 )
-from scalelong.frechet import fd_mnist_features
+from scalelong.metrics.frechet import fd_mnist_features
+from scalelong.studies.compare import summarise, summary_table
 from scalelong.studies.summary import Cell, CellSummary, SeedSummary, StudyRun
-from scalelong.sweep import cell_table
+from scalelong.studies.sweep import cell_table
+from scalelong.training import evaluation
+from scalelong.training.build import build_model
+from scalelong.training.checkpoint import save_checkpoint
+from scalelong.training.config import config_to_dict, load_config, save_config
+from scalelong.training.evaluation import TrainingEvaluator
 
 
 @pytest.fixture(scope="module")

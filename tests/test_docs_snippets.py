@@ -21,7 +21,7 @@ The rules, so a page can say what it likes as long as it stays true:
     its overrides, the methods, learning rates and depths parsed, and every run's config built
     and validated as the study would before its first run. Nothing is trained, nothing is
     submitted. The commands of docs/cluster.md run as on a machine with 8 GPUs
-    (``scalelong.launch.visible_gpus`` faked), so ``--jobs 8`` is placed rather than refused.
+    (``scalelong.training.launch.visible_gpus`` faked), so ``--jobs 8`` is placed rather than refused.
   - ``sbatch ... --wrap "CMD"``: CMD is checked by these same rules.
   - ``scalelong sample``, ``analyze`` and ``eval`` (slow) run against a tiny run made once per
     module, in place of the run folder the page names, with ``--out`` in a temporary folder and
@@ -37,7 +37,7 @@ The rules, so a page can say what it likes as long as it stays true:
   - Validated means: parsed by ``scalelong.cli``'s parser exactly as ``scalelong`` would, and the
     config, if the command takes one, loaded and validated with its overrides.
 
-* Every model a test checks (``scalelong.build.check_model``: built, and one input passed through
+* Every model a test checks (``scalelong.training.build.check_model``: built, and one input passed through
   it) is checked once per test: the commands of a page check the same few models again and again.
 * A page that holds the line ``<!-- docs-test: run at toy size: OVERRIDES -->`` (OVERRIDES may
   be empty) runs instead every ``scalelong`` command it shows, in order, in one temporary
@@ -189,7 +189,7 @@ def has_option(command: str, option: str) -> bool:
 
 
 def load(args):
-    from scalelong.config import load_config
+    from scalelong.training.config import load_config
 
     overrides = list(args.overrides)
     if getattr(args, "steps", None) and args.command == "compare":
@@ -199,10 +199,10 @@ def load(args):
 
 def validate_study(args) -> int:
     """Every run config of a compare / sweep, built and validated; nothing is trained."""
-    from scalelong.compare import method_config
-    from scalelong.config import validate
+    from scalelong.studies.compare import method_config
     from scalelong.studies.running import parse_methods
-    from scalelong.sweep import parse_numbers, plan
+    from scalelong.studies.sweep import parse_numbers, plan
+    from scalelong.training.config import validate
 
     cfg = load(args)
     methods = parse_methods(args.methods)
@@ -295,22 +295,24 @@ def check_non_cli(words: list[str], where: str) -> None:
 
 @pytest.fixture
 def each_model_checked_once(monkeypatch):
-    """``scalelong.build.check_model`` remembered by model config for one test. Every command of a
+    """``scalelong.training.build.check_model`` remembered by model config for one test. Every command of a
     study page checks every model of its runs, and the commands share them (docs/studies.md: 100
     checks of 28 models, most of the page's time); the check is a function of the config alone
     (the model built and run on one input, the RNG state given back), so a second one of the same
     config can only repeat the first. The command line looks the function up when it runs."""
-    import scalelong.build
+    import scalelong.training.build
 
-    check, checked = scalelong.build.check_model, {}
+    check, checked = scalelong.training.build.check_model, {}
 
     def once(cfg):
-        key = repr(cfg)  # as scalelong.build.check_models tells configs apart: every field spelled out
+        key = repr(
+            cfg
+        )  # as scalelong.training.build.check_models tells configs apart: every field spelled out
         if key not in checked:
             checked[key] = check(cfg)
         return checked[key]
 
-    monkeypatch.setattr(scalelong.build, "check_model", once)
+    monkeypatch.setattr(scalelong.training.build, "check_model", once)
 
 
 # The kinds of scalelong command, by what the test does with them.
@@ -438,10 +440,10 @@ def test_shell_commands_of_the_guide_parse_and_validate(
     """Every command is known; the fast kinds (info, train --dry-run, ...) run here (a page that
     runs at toy size runs them in :func:`test_a_toy_size_page_runs_every_command`)."""
     if page.name in GPUS_OF_THE_PAGE:
-        import scalelong.launch
+        import scalelong.training.launch
 
         names = [str(i) for i in range(GPUS_OF_THE_PAGE[page.name])]
-        monkeypatch.setattr(scalelong.launch, "visible_gpus", lambda: names)
+        monkeypatch.setattr(scalelong.training.launch, "visible_gpus", lambda: names)
     toy = toy_overrides(page) is not None
     for block in blocks_of(page, ("bash", "sh", "shell", "console")):
         for words in commands(block.code):
@@ -534,7 +536,7 @@ def make_toy_data(cfg) -> None:
     import numpy as np
     from PIL import Image
 
-    from scalelong.build import model_input_shape
+    from scalelong.training.build import model_input_shape
 
     path = Path(cfg.data.path or "")
     if cfg.data.name not in ("folder", "array") or path.exists():

@@ -9,9 +9,9 @@ import json
 import torch
 
 from conftest import tiny_uvit_overrides
-from scalelong.config import load_config
 from scalelong.models import UNet
-from scalelong.train import train
+from scalelong.training.config import load_config
+from scalelong.training.train import train
 
 
 def test_channels_last_unet_matches_contiguous():
@@ -92,8 +92,8 @@ def test_an_error_of_the_model_under_compile_is_not_swallowed(tmp_path, monkeypa
 
 
 def test_adamw_kernels_give_the_same_update():
-    from scalelong.config import OptimConfig
-    from scalelong.train import make_optimizer
+    from scalelong.training.config import OptimConfig
+    from scalelong.training.train import make_optimizer
 
     results = {}
     for kernel in ("default", "foreach", "fused"):
@@ -115,8 +115,8 @@ def test_adamw_kernels_give_the_same_update():
 
 
 def test_an_unavailable_fused_adamw_falls_back_with_one_line(monkeypatch, capsys):
-    from scalelong.config import OptimConfig
-    from scalelong.train import make_optimizer
+    from scalelong.training.config import OptimConfig
+    from scalelong.training.train import make_optimizer
 
     real = torch.optim.AdamW
 
@@ -139,7 +139,7 @@ def test_an_unavailable_fused_adamw_falls_back_with_one_line(monkeypatch, capsys
 
 
 def test_bf16_on_a_cpu_without_bf16_trains_in_fp32_with_one_line(monkeypatch, capsys):
-    from scalelong import launch
+    from scalelong.training import launch
 
     monkeypatch.setattr(launch, "cpu_has_bf16", lambda: False)
     captured = {}
@@ -154,9 +154,9 @@ def test_bf16_on_a_cpu_without_bf16_trains_in_fp32_with_one_line(monkeypatch, ca
 
 
 def test_bf16_sampling_scores_close_to_fp32(monkeypatch):
-    from scalelong import launch
-    from scalelong.build import build_model
-    from scalelong.evaluation import sample_features
+    from scalelong.training import launch
+    from scalelong.training.build import build_model
+    from scalelong.training.evaluation import sample_features
 
     monkeypatch.setattr(launch, "cpu_has_bf16", lambda: True)  # the bf16 numerics, on any CPU
     cfg = load_config("configs/demo.yaml", tiny_uvit_overrides("s", "/nonexistent", 1))
@@ -191,9 +191,9 @@ def test_fast_path_keys_are_validated_at_the_edge():
 
 def test_bf16_sampling_on_a_cpu_without_bf16_runs_in_fp32_and_says_so_once(tmp_path, monkeypatch, capsys):
     # emulated bf16 ran the demo's evaluations ~10x slower than fp32 on an AVX2-only CPU
-    from scalelong import launch
-    from scalelong.build import build_model
-    from scalelong.evaluation import TrainingEvaluator, sample_features
+    from scalelong.training import launch
+    from scalelong.training.build import build_model
+    from scalelong.training.evaluation import TrainingEvaluator, sample_features
 
     monkeypatch.setattr(launch, "cpu_has_bf16", lambda: False)
     overrides = tiny_uvit_overrides("s", tmp_path, 1) + ["eval.every=1", "eval.num_samples=4", "eval.steps=2"]

@@ -17,7 +17,7 @@ import adapter_fixtures as fx
 import tracing_fixtures as tfx
 from scalelong import describe, find_skips, load_scalelong, save_scalelong
 from scalelong.adapters import SkipInput, apply_scalelong, declared, remove_scalelong
-from scalelong.declaration import locate
+from scalelong.adapters.declaration import locate
 from scalelong.errors import ScaleLongError
 from scalelong.skips import skip_table
 from test_backbone_adapters import match

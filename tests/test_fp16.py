@@ -18,12 +18,12 @@ from torch.overrides import TorchFunctionMode
 
 from conftest import tiny_cpu_config, tiny_uvit_overrides
 from scalelong import fp16
-from scalelong.checkpoint import check_resume_precision
 from scalelong.cli import main
-from scalelong.config import load_config
 from scalelong.errors import ScaleLongError
 from scalelong.fp16 import autocast_forward, disabled, gpu_fp16_autocast
-from scalelong.train import train
+from scalelong.training.checkpoint import check_resume_precision
+from scalelong.training.config import load_config
+from scalelong.training.train import train
 from test_train_resume import assert_bitwise_equal
 
 
@@ -154,7 +154,7 @@ UNET = ["model.type=unet", "model.unet.in_channels=1"]
 
 @pytest.mark.parametrize("overrides", [[], UNET], ids=["uvit", "unet"])
 def test_the_backbones_call_only_classified_functions(overrides):
-    from scalelong.build import build_model
+    from scalelong.training.build import build_model
 
     cfg = load_config("stability", overrides)
     model = build_model(cfg.model).eval()  # no dropout: the two forwards below compare
@@ -204,15 +204,17 @@ def test_fp16_on_the_cpu_trains_with_loss_scaling_and_resumes_bitwise(tmp_path):
 
 
 def test_a_resume_in_another_precision_is_refused(tmp_path, monkeypatch, capsys):
-    import scalelong.launch
+    import scalelong.training.launch
 
     monkeypatch.chdir(tmp_path)
-    monkeypatch.setattr(scalelong.launch, "cpu_has_bf16", lambda: True)  # bf16 runs as bf16 here
+    monkeypatch.setattr(scalelong.training.launch, "cpu_has_bf16", lambda: True)  # bf16 runs as bf16 here
     args = [f"{o}" for o in tiny_uvit_overrides("moved", tmp_path) if "steps" not in o and "mixed" not in o]
     args += ["train.mixed_precision=bf16", "train.checkpoint_every=2", "sample.num_images=0"]
     args += ["diagnostics.noise_levels=0", "train.batch_size=8", "train.tensorboard=false"]
     assert main(["train", "demo", "--no-progress", *args, "train.steps=2"]) == 0
-    monkeypatch.setattr(scalelong.launch, "cpu_has_bf16", lambda: False)  # a machine where bf16 is fp32
+    monkeypatch.setattr(
+        scalelong.training.launch, "cpu_has_bf16", lambda: False
+    )  # a machine where bf16 is fp32
     capsys.readouterr()
     assert main(["train", "demo", "--no-progress", *args, "train.steps=4"]) == 2
     err = capsys.readouterr().err
@@ -230,9 +232,9 @@ def test_check_resume_precision():
 
 
 def test_fp16_sampling_on_the_cpu_runs_the_forward_under_the_policy(monkeypatch):
-    import scalelong.evaluation
-    from scalelong.build import build_model
-    from scalelong.evaluation import forward_precision, sample_features
+    import scalelong.training.evaluation
+    from scalelong.training.build import build_model
+    from scalelong.training.evaluation import forward_precision, sample_features
 
     cfg = load_config("configs/demo.yaml", tiny_uvit_overrides("s", "/nonexistent", 1))
     model = build_model(cfg.model).eval()
@@ -246,7 +248,7 @@ def test_fp16_sampling_on_the_cpu_runs_the_forward_under_the_policy(monkeypatch)
         made.append(fp16.gpu_fp16_autocast())
         return made[-1]
 
-    monkeypatch.setattr(scalelong.evaluation, "gpu_fp16_autocast", counted)
+    monkeypatch.setattr(scalelong.training.evaluation, "gpu_fp16_autocast", counted)
     low = sample_features(model, cfg, flat, range(4), "dpm_solver", 5, 4, "cpu")
     assert made and low.dtype == torch.float32
     rel = ((low - plain).norm() / plain.norm()).item()

@@ -9,8 +9,8 @@ from scipy import linalg
 
 from scalelong.data import embedded_mnist
 from scalelong.errors import ScaleLongError
-from scalelong.fd_mnist import accuracy, shipped_classifier
-from scalelong.frechet import (
+from scalelong.metrics.fd_mnist import accuracy, shipped_classifier
+from scalelong.metrics.frechet import (
     fd_of_images,
     feature_stats,
     frechet_distance,
@@ -125,7 +125,7 @@ def test_fd_mnist_classifier_accuracy() -> None:
 
 
 def test_fd_mnist_separates_real_digits_from_noise() -> None:
-    from scalelong.frechet import fd_mnist_features
+    from scalelong.metrics.frechet import fd_mnist_features
 
     features, ref = fd_mnist_features(), mnist_reference_stats("train")
     real = fd_of_images(features, embedded_mnist("test")[0], ref)

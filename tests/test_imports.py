@@ -3,7 +3,8 @@
 Every module under src/scalelong is parsed with ``ast`` (nothing is imported), so a cycle that
 hides behind a function-level import fails here as surely as one at the top of a file.
 Importing ``a.b.c`` also runs the package ``a.b``; that implicit edge counts too, except for
-the root package ``scalelong`` whose ``__init__`` only re-exports the public names.
+the root package ``scalelong`` whose ``__init__`` only re-exports the public names, and for a
+module's own packages (they have started importing before the module's first line runs).
 """
 
 import ast
@@ -49,7 +50,10 @@ def imported(source: str, module: str, is_package: bool, known: set[str]) -> set
         parts = name.split(".")
         # importing a.b.c runs a.b first (the root package's re-exports aside)
         edges.update(".".join(parts[:i]) for i in range(2, len(parts) + 1))
-    return {e for e in edges if e in known and e != module}
+    # a module's own packages have started importing before its first line runs: no edge to them
+    parts = module.split(".")
+    own_packages = {".".join(parts[:i]) for i in range(1, len(parts))}
+    return {e for e in edges if e in known and e != module and e not in own_packages}
 
 
 def import_graph() -> dict[str, set[str]]:
@@ -86,7 +90,12 @@ def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
 
 def test_the_package_has_no_import_cycle():
     graph = import_graph()
-    assert {"scalelong.config", "scalelong.train", "scalelong.runs", "scalelong.cli"} <= set(graph)
+    assert {
+        "scalelong.training.config",
+        "scalelong.training.train",
+        "scalelong.training.runs",
+        "scalelong.cli",
+    } <= set(graph)
     cycle = find_cycle(graph)
     assert cycle is None, "import cycle: " + " -> ".join(cycle)
 
@@ -95,16 +104,20 @@ def test_a_cycle_is_found_and_named():
     """Negative controls: the finder sees a cycle, also one made by an import inside a function."""
     assert find_cycle({"a": {"b"}, "b": {"c"}, "c": set()}) is None
     assert find_cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]
-    known = {"scalelong.config", "scalelong.sampling", "scalelong.models", "scalelong.models.uvit"}
+    known = {"scalelong.training.config", "scalelong.sampling", "scalelong.models", "scalelong.models.uvit"}
     lazy = "def validate():\n    from scalelong.sampling import SAMPLERS\n"
-    assert imported(lazy, "scalelong.config", False, known) == {"scalelong.sampling"}
+    assert imported(lazy, "scalelong.training.config", False, known) == {"scalelong.sampling"}
     relative = "from .uvit import UViT\n"
     assert imported(relative, "scalelong.models", True, known) == {"scalelong.models.uvit"}
-    graph = {"scalelong.config": imported(lazy, "scalelong.config", False, known)}
+    graph = {"scalelong.training.config": imported(lazy, "scalelong.training.config", False, known)}
     graph["scalelong.sampling"] = imported(
-        "from scalelong.config import Config", "scalelong.sampling", False, known
+        "from scalelong.training.config import Config", "scalelong.sampling", False, known
     )
-    assert find_cycle(graph) == ["scalelong.config", "scalelong.sampling", "scalelong.config"]
+    assert find_cycle(graph) == [
+        "scalelong.sampling",
+        "scalelong.training.config",
+        "scalelong.sampling",
+    ]
 
 
 @pytest.mark.parametrize("module", ["scalelong.models.uvit", "scalelong.models.unet"])
@@ -114,22 +127,42 @@ def test_backbones_import_only_the_skip_module(module):
 
 def test_config_imports_no_feature_module():
     # the schema names samplers and metrics itself; it may ask the UNet which sizes fit
-    assert import_graph()["scalelong.config"] <= {
+    assert import_graph()["scalelong.training.config"] <= {
         "scalelong.errors",
         "scalelong.skips",
         "scalelong.models",
         "scalelong.models.unet",
-        "scalelong.presets",  # the shipped recipes by name; imports only errors (test_presets.py)
-        "scalelong.metrics_log",  # write_text_atomic, the one atomic text write
-        "scalelong.lock",  # ... whose module says its warnings through the lock's warn_user
+        "scalelong.training.presets",  # the shipped recipes by name; imports only errors (test_presets.py)
+        "scalelong.metrics",  # METRIC_NAMES, without the metrics' own modules
+        "scalelong.runlog",  # RunLog on first use only
+        "scalelong.runlog.records",  # write_text_atomic, the one atomic text write
+        "scalelong.runlog.lock",  # ... whose module says its warnings through the lock's warn_user
     }
 
 
 # ----------------------------------------------------------------------------- the two layers
 
-# The library: what a user's own training loop imports. It imports torch, safetensors and itself,
-# never the application (the trainer, its config, the studies, the command line).
-LIBRARY = {
+# The two layers are folders. The application: the trainer, its config and run folders
+# (training/), the studies (studies/) and the command line (cli/). The library: everything else,
+# what a user's own training loop imports; it imports torch, safetensors and itself, never the
+# application, so a new module's layer is fixed by where it is put.
+APPLICATION_FOLDERS = ("scalelong.training", "scalelong.studies", "scalelong.cli")
+
+
+def in_application(module: str) -> bool:
+    return any(module == folder or module.startswith(folder + ".") for folder in APPLICATION_FOLDERS)
+
+
+def library_modules(graph: dict[str, set[str]]) -> set[str]:
+    return {m for m in graph if m != ROOT and not in_application(m)}
+
+
+# What `from scalelong import <the library's names>` loads in a fresh interpreter, exactly.
+LIBRARY_NAMES = (
+    "apply_scalelong, find_skips, Diagnostics, RunLog, SkipInput, describe, save_scalelong, load_scalelong"
+)
+LIBRARY_CLOSURE = {
+    "scalelong",
     "scalelong.errors",
     "scalelong.skips",
     "scalelong.models",
@@ -141,32 +174,20 @@ LIBRARY = {
     "scalelong.adapters.uvit_diffusers",
     "scalelong.adapters.ddpm_pytorch",
     "scalelong.adapters.uvit_checkpoint",
-    "scalelong.saving",
-    "scalelong.declaration",
-    "scalelong.tracing",
-    "scalelong.checking",
+    "scalelong.adapters.saving",
+    "scalelong.adapters.declaration",
+    "scalelong.adapters.tracing",
+    "scalelong.adapters.checking",
     "scalelong.diagnostics",
-    "scalelong.overflow",
+    "scalelong.diagnostics.overflow",
+    "scalelong.diagnostics.metric_names",
     "scalelong.diffusion",
-    "scalelong.optim",
     "scalelong.runlog",
-    "scalelong.metrics_log",
-    "scalelong.lock",
-    "scalelong.tracking",
-    "scalelong.metric_names",
-    "scalelong.provenance",
-    "scalelong.fp16",
+    "scalelong.runlog.folder",
+    "scalelong.runlog.records",
+    "scalelong.runlog.lock",
+    "scalelong.runlog.tracking",
 }
-APPLICATION = {"scalelong.runs", "scalelong.build", "scalelong.config", "scalelong.train", "scalelong.data"}
-APPLICATION |= {"scalelong.user_model"}
-APPLICATION |= {"scalelong.checkpoint", "scalelong.compare", "scalelong.sweep", "scalelong.cli"}
-APPLICATION |= {"scalelong.studies", "scalelong.studies.running", "scalelong.studies.report"}
-
-# What `from scalelong import <the library's names>` loads in a fresh interpreter, exactly.
-LIBRARY_NAMES = (
-    "apply_scalelong, find_skips, Diagnostics, RunLog, SkipInput, describe, save_scalelong, load_scalelong"
-)
-LIBRARY_CLOSURE = {"scalelong", *LIBRARY} - {"scalelong.optim", "scalelong.provenance", "scalelong.fp16"}
 
 
 def loaded_after(statement: str) -> tuple[set[str], set[str]]:
@@ -182,8 +203,11 @@ def loaded_after(statement: str) -> tuple[set[str], set[str]]:
 
 def test_the_library_imports_nothing_of_the_application_even_lazily():
     graph = import_graph()
-    assert LIBRARY <= set(graph) and APPLICATION <= set(graph)
-    leaks = {m: sorted(graph[m] - LIBRARY) for m in LIBRARY if graph[m] - LIBRARY}
+    library = library_modules(graph)
+    assert {"scalelong.skips", "scalelong.data", "scalelong.training.train", "scalelong.cli"} <= set(graph)
+    assert "scalelong.data" in library and "scalelong.training.config" not in library
+    leaks = {m: sorted(filter(in_application, graph[m])) for m in library}
+    leaks = {m: imports for m, imports in leaks.items() if imports}
     assert not leaks, f"library modules import outside the library: {leaks}"
 
 
@@ -192,14 +216,16 @@ def test_the_library_names_load_exactly_the_library_in_a_fresh_interpreter():
     assert ours == LIBRARY_CLOSURE, (
         f"unexpected: {sorted(ours - LIBRARY_CLOSURE)}, missing: {sorted(LIBRARY_CLOSURE - ours)}"
     )
-    assert not ours & APPLICATION
+    assert not any(map(in_application, ours))
     assert not {"yaml", "diffusers", "accelerate", "scipy", "matplotlib"} & others
 
 
 def test_a_plain_loop_borrows_the_schedule_and_ema_cheaply():
     ours, _ = loaded_after("from scalelong.optim import ema_update, lr_factor")
     assert ours == {"scalelong", "scalelong.optim"}
-    ours, _ = loaded_after("from scalelong.train import ema_update, lr_factor")  # the trainer's names too
+    ours, _ = loaded_after(
+        "from scalelong.training.train import ema_update, lr_factor"
+    )  # the trainer's names too
     assert "scalelong.optim" in ours
 
 
@@ -225,8 +251,50 @@ def test_the_command_lines_help_and_config_listing_import_no_torch():
     """`scalelong --help`, `scalelong configs` and loading a config's text answer at once: building
     the parser and importing the config module load neither torch nor the trainer."""
     ours, others = loaded_after(
-        "import contextlib, io\nfrom scalelong.cli import build_parser, main\nimport scalelong.config\n"
+        "import contextlib, io\nfrom scalelong.cli import build_parser, main\n"
+        "import scalelong.training.config\n"
         "build_parser()\nwith contextlib.redirect_stdout(io.StringIO()): main(['configs'])"
     )
-    assert "torch" not in others and "scalelong.train" not in ours, sorted(ours)
-    assert "scalelong.config" in ours and "scalelong.presets" in ours
+    assert "torch" not in others and "scalelong.training.train" not in ours, sorted(ours)
+    assert "scalelong.training.config" in ours and "scalelong.training.presets" in ours
+
+
+# ----------------------------------------------------------------------------- moved modules
+
+
+def test_every_moved_module_imports_under_its_old_path_with_one_warning():
+    """Each module of 0.1 that moved still imports by its old path, as the new module itself, with
+    one DeprecationWarning naming the new path, and only once (fresh interpreter)."""
+    code = (
+        "import importlib, json, warnings\n"
+        "from scalelong import MOVED\n"
+        "out = {}\n"
+        "for old, new in MOVED.items():\n"
+        "    with warnings.catch_warnings(record=True) as caught:\n"
+        "        warnings.simplefilter('always')\n"
+        "        same = importlib.import_module(old) is importlib.import_module(new)\n"
+        "        importlib.import_module(old)\n"
+        "    out[old] = [same, [str(w.message) for w in caught if w.category is DeprecationWarning]]\n"
+        "print(json.dumps(out))"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    result = json.loads(proc.stdout.splitlines()[-1])
+    assert len(result) == 27
+    for old, (same, messages) in result.items():
+        new = scalelong.MOVED[old]
+        assert same, old
+        assert messages == [f"{old} moved to {new}; the old path will be removed in scalelong 0.3"], old
+    assert not set(scalelong.MOVED.values()) - set(import_graph()), "a forwarding target that does not exist"
+
+
+def test_the_top_level_reads_in_one_glance():
+    """The package's top level: the library's modules and packages and the application's three
+    folders, at most 17 entries (package data aside)."""
+    entries = {
+        p.name
+        for p in SOURCE.iterdir()
+        if p.name not in {"__pycache__", "assets", "configs"} and (p.suffix == ".py" or p.is_dir())
+    }
+    assert len(entries) <= 17, sorted(entries)
+    assert {"training", "studies", "cli"} <= entries

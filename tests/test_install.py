@@ -22,9 +22,9 @@ from PIL import Image
 
 import scalelong
 from conftest import tiny_uvit_overrides
-from scalelong.config import config_to_dict, load_config
-from scalelong.fd_mnist import ASSET
-from scalelong.presets import PRESET_DIR, preset_names
+from scalelong.metrics.fd_mnist import ASSET
+from scalelong.training.config import config_to_dict, load_config
+from scalelong.training.presets import PRESET_DIR, preset_names
 
 # One worker runs this module (`--dist loadgroup`): the wheel is built once, not once per worker.
 pytestmark = pytest.mark.xdist_group("test_install")
@@ -159,7 +159,7 @@ def test_wheel_ships_the_classifier_presets_and_metadata(wheel):
     assert {n.split("/")[0] for n in names} == {"scalelong", info}
     assert f"\nVersion: {version}\n" in metadata and "\nLicense-Expression: MIT\n" in metadata
     assert "Project-URL: Paper, https://arxiv.org/abs/2310.13545" in metadata
-    assert "scalelong = scalelong.cli:main" in entry_points
+    assert "scalelong = scalelong.cli:run" in entry_points
 
 
 def _fresh_venv(path: Path) -> Path:

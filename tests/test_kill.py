@@ -25,7 +25,7 @@ from safetensors.torch import load_file
 
 from conftest import tiny_uvit_overrides
 from run_until_killed import parse_at
-from scalelong.runs import RunDir
+from scalelong.training.runs import RunDir
 
 # One worker runs this module (`--dist loadgroup`): the straight run is made once.
 pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("test_kill")]
@@ -270,11 +270,12 @@ def test_a_refused_run_stays_one_line_and_untouched(tmp_path):
 # A process that watches its launcher as on a system without PR_SET_PDEATHSIG (it prints "watching"
 # once it does), under a launcher that prints the process's pid and waits.
 WATCHER = (
-    "import time; from scalelong import launch; launch._prctl = lambda: None; launch.end_with_launcher(); "
+    "import time; from scalelong.training import launch; launch._prctl = lambda: None; "
+    "launch.end_with_launcher(); "
     "print('watching', flush=True); time.sleep(120)"
 )
 WAITING_LAUNCHER = (
-    "import os, subprocess, sys, time; from scalelong.launch import LAUNCHER_PID; "
+    "import os, subprocess, sys, time; from scalelong.training.launch import LAUNCHER_PID; "
     "env = dict(os.environ, **{LAUNCHER_PID: str(os.getpid())}); "
     f"p = subprocess.Popen([sys.executable, '-c', {WATCHER!r}], env=env); "
     "print(p.pid, flush=True); time.sleep(120)"
@@ -283,7 +284,7 @@ WAITING_LAUNCHER = (
 
 def test_without_pdeathsig_a_watcher_thread_ends_the_process_with_its_launcher():
     """Where the kernel cannot send a process SIGTERM when its launcher dies (not Linux), a thread
-    of the process (:func:`scalelong.launch.end_with_launcher`) does, within about a second."""
+    of the process (:func:`scalelong.training.launch.end_with_launcher`) does, within about a second."""
     command = [sys.executable, "-c", WAITING_LAUNCHER]
     launcher = subprocess.Popen(command, env=env(), stdout=subprocess.PIPE, text=True)
     child = None

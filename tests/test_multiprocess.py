@@ -13,12 +13,12 @@ import torch
 from safetensors.torch import load_file
 
 from conftest import tiny_uvit_overrides
-from scalelong.config import load_config
 from scalelong.data import embedded_mnist
-from scalelong.evaluation import TrainingEvaluator
-from scalelong.frechet import mnist_reference_stats, save_stats
-from scalelong.runs import RunDir, load_model
-from scalelong.train import train
+from scalelong.metrics.frechet import mnist_reference_stats, save_stats
+from scalelong.training.config import load_config
+from scalelong.training.evaluation import TrainingEvaluator
+from scalelong.training.runs import RunDir, load_model
+from scalelong.training.train import train
 
 STEPS = 6
 
@@ -152,7 +152,8 @@ def assert_evaluation_split_like_one_process(run_dir: Path, seeds: Path, tmp_pat
 
 
 def test_cpu_processes_launches_data_parallel_processes_of_a_share_of_the_cores(tmp_path, monkeypatch):
-    from scalelong import cli, launch
+    from scalelong import cli
+    from scalelong.training import launch
 
     launched = []
     monkeypatch.setattr(
@@ -185,7 +186,7 @@ def test_cpu_processes_launches_data_parallel_processes_of_a_share_of_the_cores(
 
 
 def test_launched_cpu_processes_share_the_cores(monkeypatch):
-    from scalelong import launch
+    from scalelong.training import launch
 
     seen = []
 

@@ -9,11 +9,11 @@ import torch
 from torch import nn
 
 from conftest import tiny_uvit_overrides
-from scalelong.config import load_config
 from scalelong.diffusion import NOISE_LEVELS, VPSDE, DiscreteDDPM, mean_image_error, noise_level_errors
-from scalelong.evaluation import probe_images
-from scalelong.plots import last_noise_levels, load_metrics, write_plots
-from scalelong.train import train
+from scalelong.studies.plots import last_noise_levels, load_metrics, write_plots
+from scalelong.training.config import load_config
+from scalelong.training.evaluation import probe_images
+from scalelong.training.train import train
 
 
 class Oracle(nn.Module):

@@ -8,12 +8,12 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-import scalelong.train
+import scalelong.training.train
 from conftest import nan_loss_at, tiny_cpu_config, tiny_uvit_overrides
-from scalelong.checkpoint import list_checkpoints, nonfinite_tensors
 from scalelong.cli import main
 from scalelong.errors import ScaleLongError
-from scalelong.train import lr_factor, train
+from scalelong.training.checkpoint import list_checkpoints, nonfinite_tensors
+from scalelong.training.train import lr_factor, train
 
 
 def tiny(tmp_path, name: str, *extra: str):
@@ -44,9 +44,9 @@ def test_one_nan_step_is_skipped_counted_and_never_saved(tmp_path):
 
 
 def test_nan_at_every_step_stops_after_k_with_exit_2(tmp_path, capsys, monkeypatch):
-    # `scalelong train` calls scalelong.train.train: give it a NaN loss at every step
-    nan_train = functools.partial(scalelong.train.train, loss_hooks=[nan_loss_at(*range(1, 9))])
-    monkeypatch.setattr(scalelong.train, "train", nan_train)
+    # `scalelong train` calls scalelong.training.train.train: give it a NaN loss at every step
+    nan_train = functools.partial(scalelong.training.train.train, loss_hooks=[nan_loss_at(*range(1, 9))])
+    monkeypatch.setattr(scalelong.training.train, "train", nan_train)
     cfg_args = [f"{o}" for o in tiny_uvit_overrides("allnan", tmp_path, steps=8)]
     code = main(
         [
@@ -112,7 +112,7 @@ def test_a_run_stopped_by_an_overflow_names_the_module_step_and_value(tmp_path, 
     value = 1e4 if precision == "fp16" else math.inf
     extra = ["train.max_nonfinite_steps=2", "diagnostics.every=2"]
     cfg = tiny(tmp_path, f"run-{precision}", f"train.mixed_precision={precision}", *extra)
-    with pytest.raises(scalelong.train.TrainingStopped) as stop:
+    with pytest.raises(scalelong.training.train.TrainingStopped) as stop:
         train(cfg, progress=False, step_hooks=[blow_up_skip_merge(4, value)])  # after step 4's checkpoint
     summary = json.loads((tmp_path / f"run-{precision}" / "summary.json").read_text())
     cause = summary["stopped"]["cause"]
@@ -135,7 +135,7 @@ def test_grad_clip_bounds_the_update(tmp_path):
         )
         result = train(cfg, progress=False)
         torch.manual_seed(cfg.train.seed)
-        from scalelong.build import build_model
+        from scalelong.training.build import build_model
 
         init = build_model(cfg.model).state_dict()
         final = load_file(result.checkpoint / "model.safetensors")

@@ -10,9 +10,7 @@ from torch import nn
 
 from scalelong import UViT
 from scalelong.diagnostics import Diagnostics
-from scalelong.diffusion import VPSDE, training_loss
-from scalelong.models.uvit import Attention
-from scalelong.overflow import (
+from scalelong.diagnostics.overflow import (
     FP16_MAX,
     OpWatch,
     Overflow,
@@ -20,6 +18,8 @@ from scalelong.overflow import (
     locate_grad_overflow,
     locate_overflow,
 )
+from scalelong.diffusion import VPSDE, training_loss
+from scalelong.models.uvit import Attention
 
 
 def chain(*gains: float) -> nn.Sequential:

@@ -4,8 +4,8 @@ import sys
 import pytest
 
 from scalelong.errors import ScaleLongError
-from scalelong.plots import load_metrics, series, spans_decades, write_plots
-from scalelong.runs import MetricsLog
+from scalelong.studies.plots import load_metrics, series, spans_decades, write_plots
+from scalelong.training.runs import MetricsLog
 
 
 def synthetic(method: str, scale: float, learned: bool) -> list[dict]:
@@ -65,7 +65,7 @@ def test_missing_matplotlib_names_the_extra(tmp_path, monkeypatch):
 
 def test_analyze_drops_a_torn_last_line_and_its_plots_count_as_scalelong_files(tmp_path, capsys):
     from scalelong.cli import main
-    from scalelong.runs import RunDir
+    from scalelong.training.runs import RunDir
 
     run = RunDir(tmp_path / "run")
     run.path.mkdir()

@@ -13,7 +13,6 @@ import pytest
 import torch
 from torch import nn
 
-from scalelong.config import PREDICTION_NAMES, TIME_SAMPLINGS, load_config
 from scalelong.diffusion import (
     PREDICTIONS,
     VPSDE,
@@ -33,6 +32,7 @@ from scalelong.diffusion import (
 )
 from scalelong.errors import ScaleLongError
 from scalelong.sampling import get_sampler, model_eps_fn, randn
+from scalelong.training.config import PREDICTION_NAMES, TIME_SAMPLINGS, load_config
 
 MU, S = 0.3, 0.5
 

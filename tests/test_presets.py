@@ -5,9 +5,9 @@ from pathlib import Path
 import pytest
 
 from scalelong.cli import build_parser, main
-from scalelong.config import config_to_dict, load_config
 from scalelong.errors import ScaleLongError
-from scalelong.presets import PRESET_DIR, preset_names, presets, resolve_config
+from scalelong.training.config import config_to_dict, load_config
+from scalelong.training.presets import PRESET_DIR, preset_names, presets, resolve_config
 
 REPO = Path(__file__).resolve().parents[1]
 SHIPPED = [
@@ -143,4 +143,4 @@ def test_every_config_command_resolves_names(command, tmp_path, monkeypatch, cap
 def test_presets_import_nothing_but_the_error_type():
     from test_imports import import_graph
 
-    assert import_graph()["scalelong.presets"] <= {"scalelong.errors"}
+    assert import_graph()["scalelong.training.presets"] <= {"scalelong.errors"}

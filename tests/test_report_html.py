@@ -15,12 +15,12 @@ import pytest
 import torch
 from PIL import Image
 
-from scalelong.compare import write_report
-from scalelong.config import load_config
 from scalelong.data import embedded_mnist
+from scalelong.studies.compare import write_report
 from scalelong.studies.report import final_sample_grid, markdown_html
 from scalelong.studies.summary import StudyRun
-from scalelong.train import save_grid
+from scalelong.training.config import load_config
+from scalelong.training.train import save_grid
 
 # One worker runs this module (`--dist loadgroup`): the study report is made once.
 pytestmark = pytest.mark.xdist_group("test_report_html")

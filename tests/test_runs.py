@@ -6,11 +6,11 @@ import pytest
 import torch
 import yaml
 
-from scalelong.build import build_model
-from scalelong.checkpoint import save_checkpoint
-from scalelong.config import config_to_dict, load_config, save_config
 from scalelong.errors import ScaleLongError
-from scalelong.runs import MetricsLog, RunDir, config_differences, load_model
+from scalelong.training.build import build_model
+from scalelong.training.checkpoint import save_checkpoint
+from scalelong.training.config import config_to_dict, load_config, save_config
+from scalelong.training.runs import MetricsLog, RunDir, config_differences, load_model
 
 TINY = [
     "model.uvit.patch_size=8",
@@ -122,8 +122,8 @@ def test_a_torn_last_line_is_dropped_with_one_warning(tmp_path):
 
 
 def test_removing_old_checkpoints_is_atomic_and_keeps_newer_ones(tmp_path, monkeypatch):
-    import scalelong.checkpoint as ckpt
-    from scalelong.checkpoint import list_checkpoints, remove_partial
+    import scalelong.training.checkpoint as ckpt
+    from scalelong.training.checkpoint import list_checkpoints, remove_partial
 
     w = {"w": torch.ones(2)}
     for step in (2, 4, 6, 8):
@@ -143,7 +143,7 @@ def test_removing_old_checkpoints_is_atomic_and_keeps_newer_ones(tmp_path, monke
 
 
 def test_every_weight_load_is_verified(tmp_path):
-    from scalelong.checkpoint import DamagedCheckpoint, load_newest
+    from scalelong.training.checkpoint import DamagedCheckpoint, load_newest
 
     cfg = load_config(None, TINY)
     model = build_model(cfg.model)

@@ -10,12 +10,12 @@ import numpy as np
 import pytest
 import torch
 
-from scalelong.build import build_model
-from scalelong.checkpoint import save_checkpoint
 from scalelong.cli import main
-from scalelong.config import config_to_dict, load_config, save_config
-from scalelong.evaluation import TrainingEvaluator
-from scalelong.runs import RunDir
+from scalelong.training.build import build_model
+from scalelong.training.checkpoint import save_checkpoint
+from scalelong.training.config import config_to_dict, load_config, save_config
+from scalelong.training.evaluation import TrainingEvaluator
+from scalelong.training.runs import RunDir
 
 TINY = [
     "model.uvit.img_size=32",
@@ -96,7 +96,7 @@ def test_fid_stats_then_eval_reads_the_metric_from_the_file(run, tmp_path, capsy
 def test_fid_offline_without_weights_is_one_line(run, tmp_path, capsys, monkeypatch) -> None:
     from pytorch_fid import inception
 
-    from scalelong import frechet
+    from scalelong.metrics import frechet
 
     def offline(url, progress=True):  # what torch's downloader raises without a network
         raise urllib.error.URLError("[Errno -3] Temporary failure in name resolution")

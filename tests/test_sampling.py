@@ -13,10 +13,10 @@ import warnings
 import pytest
 import torch
 
-from scalelong.config import SAMPLER_NAMES
 from scalelong.diffusion import VPSDE, DiscreteDDPM
 from scalelong.errors import ScaleLongError
 from scalelong.sampling import DIFFUSERS_SCHEDULERS, SAMPLERS, generate, randn
+from scalelong.training.config import SAMPLER_NAMES
 
 MU, S, TOL = 0.3, 0.5, 0.02
 # enough steps for each solver's discretisation error to sit well inside TOL

@@ -13,13 +13,13 @@ import torch.nn.functional as F
 from conftest import tiny_uvit_overrides
 from scalelong.adapters import apply_scalelong, load_uvit_checkpoint
 from scalelong.cli import main
-from scalelong.config import load_config
 from scalelong.diagnostics import Diagnostics
 from scalelong.diffusion import VPSDE, training_loss
 from scalelong.errors import ScaleLongError
 from scalelong.models import UNet, UViT
 from scalelong.skips import METHODS, PAPER_METHODS, SkipScaling, skip_coefficients, skip_table
 from scalelong.studies.running import parse_methods
+from scalelong.training.config import load_config
 
 NEW = ("skip-norm", "merge-norm", "cs-init")
 D, DEPTH, N = 32, 6, 3  # width, depth, long skips

@@ -13,7 +13,7 @@ import pytest
 import scipy.stats
 
 import scalelong
-from scalelong import metric_names as names
+from scalelong.diagnostics import metric_names as names
 from scalelong.studies.statistics import contrast, fmt_contrast
 from scalelong.studies.summary import MethodSummary, SeedSummary
 from test_imports import import_graph
@@ -139,7 +139,7 @@ def test_every_metric_name_is_built_and_parsed_in_one_place():
 
 
 def test_metric_names_import_nothing_of_the_package():
-    assert import_graph()["scalelong.metric_names"] == set()
+    assert import_graph()["scalelong.diagnostics.metric_names"] == set()
 
 
 # ----------------------------------------------------------------------------- layering
@@ -158,7 +158,9 @@ def test_no_module_imports_a_private_name_of_another():
     source = Path(scalelong.__file__).parent
     found = {str(p.relative_to(source)): private_imports(p.read_text()) for p in sorted(source.rglob("*.py"))}
     assert {k: v for k, v in found.items() if v} == {}
-    assert private_imports("from scalelong.compare import _last, mean_ci\n") == ["scalelong.compare._last"]
+    assert private_imports("from scalelong.studies.compare import _last, mean_ci\n") == [
+        "scalelong.studies.compare._last"
+    ]
 
 
 def test_the_study_library_imports_neither_front_end():
@@ -166,4 +168,8 @@ def test_the_study_library_imports_neither_front_end():
     studies = [m for m in graph if m.startswith("scalelong.studies")]
     assert len(studies) >= 7
     for module in studies:
-        assert not graph[module] & {"scalelong.compare", "scalelong.sweep", "scalelong.cli"}, module
+        assert not graph[module] & {
+            "scalelong.studies.compare",
+            "scalelong.studies.sweep",
+            "scalelong.cli",
+        }, module

@@ -17,7 +17,7 @@ from scalelong.errors import ScaleLongError
 from scalelong.studies.divergence import Divergence
 from scalelong.studies.statistics import rate_interval
 from scalelong.studies.summary import Cell, CellSummary, SeedSummary, least_value
-from scalelong.sweep import cell_table, parse_numbers, stability_table
+from scalelong.studies.sweep import cell_table, parse_numbers, stability_table
 
 
 def sweep_command(tmp_path):

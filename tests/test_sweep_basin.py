@@ -8,10 +8,8 @@ import statistics
 
 import pytest
 
-from scalelong import metric_names as names
-from scalelong.config import load_config, save_config
+from scalelong.diagnostics import metric_names as names
 from scalelong.diffusion import NOISE_LEVELS
-from scalelong.plots import BasinPoint, basin_figure
 from scalelong.studies.basin import (
     basin_section,
     basin_table,
@@ -21,6 +19,7 @@ from scalelong.studies.basin import (
     lr_sensitivity,
 )
 from scalelong.studies.divergence import Divergence
+from scalelong.studies.plots import BasinPoint, basin_figure
 from scalelong.studies.summary import (
     Cell,
     CellSummary,
@@ -28,7 +27,8 @@ from scalelong.studies.summary import (
     heldout_x0_error,
     initial_x0_error,
 )
-from scalelong.sweep import cell_config, report_sweep
+from scalelong.studies.sweep import cell_config, report_sweep
+from scalelong.training.config import load_config, save_config
 
 T1 = 12.706204736174705  # t(0.975, 1): two seeds
 T2 = 4.302652729911275  # t(0.975, 2): three seeds
@@ -289,7 +289,7 @@ def noise_record(step: int, error: float, raw: float | None = None, mean_image: 
 
 def report_tables(base, sweep) -> str:
     """The tables the command prints (the stability tables, then the basin's)."""
-    from scalelong.sweep import collect, write_sweep_report
+    from scalelong.studies.sweep import collect, write_sweep_report
 
     return write_sweep_report(base, collect(base, sweep / "runs"), sweep)[1]
 

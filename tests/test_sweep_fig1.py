@@ -8,8 +8,7 @@ from matplotlib.colors import to_rgb
 
 from conftest import learning_uvit_overrides
 from scalelong.cli import main
-from scalelong.config import load_config
-from scalelong.plots import (
+from scalelong.studies.plots import (
     decoder_blocks,
     fig1_by_depth_figure,
     out_block_norm_figure,
@@ -17,7 +16,8 @@ from scalelong.plots import (
     seed_band,
 )
 from scalelong.studies.summary import Cell, StudyRun
-from scalelong.sweep import fig1_section, report_sweep
+from scalelong.studies.sweep import fig1_section, report_sweep
+from scalelong.training.config import load_config
 
 METHODS = ["none", "sqrt2", "cs", "ls"]
 DEPTHS = [12, 16]
@@ -203,7 +203,7 @@ def test_a_sweep_report_embeds_fig1_by_depth_and_the_out_block_views(tmp_path, c
 def test_the_gap_table_gives_the_ratio_the_counts_and_the_difference_with_their_intervals():
     from scalelong.studies.divergence import Divergence
     from scalelong.studies.summary import CellSummary, SeedSummary
-    from scalelong.sweep import gap_table
+    from scalelong.studies.sweep import gap_table
 
     broke = [Divergence("nonfinite", 100, "x")]
 

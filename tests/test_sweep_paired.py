@@ -6,14 +6,14 @@ import math
 
 import pytest
 
-from scalelong.config import load_config
 from scalelong.studies.divergence import Divergence
 from scalelong.studies.mapfile import agreement_section, read_map
 from scalelong.studies.paired import paired_json, paired_table
 from scalelong.studies.provenance import cell_provenance, provenance_section
 from scalelong.studies.statistics import paired_outcomes
 from scalelong.studies.summary import Cell, CellSummary, SeedSummary, StudyRun
-from scalelong.sweep import report_sweep
+from scalelong.studies.sweep import report_sweep
+from scalelong.training.config import load_config
 
 FAILED = (Divergence("x0", 1200, "final held-out x0 error 0.3 is not below the mean image's 0.2"),)
 
@@ -148,7 +148,7 @@ def test_a_study_of_mixed_precisions_says_so_per_cell():
 
 
 def test_failures_are_counted_by_cause():
-    from scalelong.sweep import cause_section
+    from scalelong.studies.sweep import cause_section
 
     overflow = Divergence(
         "nonfinite",

@@ -5,7 +5,7 @@ from scalelong.data import LatentCaptions
 from scalelong.diffusion import DiscreteDDPM
 from scalelong.errors import ScaleLongError
 from scalelong.models import UViT
-from scalelong.t2i import extract_features, guided_eps_fn
+from scalelong.training.t2i import extract_features, guided_eps_fn
 from t2i_fixtures import fake_coco, save_tiny_t2i_run, tiny_autoencoder, tiny_text_encoder
 
 pytest.importorskip("transformers")
@@ -168,7 +168,7 @@ def test_prompt_sampling_refuses_other_settings_and_resumes_the_same(tmp_path, c
     """One folder holds one set of images: another guidance scale, prompt list or seed is refused in
     one line and changes nothing there; the same settings (however the prompts are given) resume."""
     from scalelong.cli import main
-    from scalelong.config import load_config
+    from scalelong.training.config import load_config
 
     cfg = load_config(
         "configs/mscoco_uvit_s2_t2i.yaml",

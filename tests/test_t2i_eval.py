@@ -27,7 +27,7 @@ def cheap_features(shapes: list):
 def test_fid_stats_of_an_image_folder_centre_cropped_to_the_run_resolution(tmp_path, capsys, monkeypatch):
     images, _ = fake_coco(tmp_path, n=5, size=(40, 30))
     shapes: list = []
-    monkeypatch.setattr("scalelong.evaluation.feature_fn", lambda *a, **k: cheap_features(shapes))
+    monkeypatch.setattr("scalelong.training.evaluation.feature_fn", lambda *a, **k: cheap_features(shapes))
     t2i = ["model.uvit.img_size=4", "model.uvit.embed_dim=32", "model.uvit.depth=2", "model.uvit.num_heads=2"]
     argv = ["fid-stats", "configs/mscoco_uvit_s2_t2i.yaml", *t2i, "--images", str(images), "--device=cpu"]
     # the run's resolution: 8 x the latent side of a text-to-image run
@@ -43,13 +43,14 @@ def test_fid_stats_of_an_image_folder_centre_cropped_to_the_run_resolution(tmp_p
     from PIL import Image
 
     from scalelong.data import from_uint8
-    from scalelong.t2i import center_crop
+    from scalelong.training.t2i import center_crop
 
     with Image.open(sorted(images.iterdir())[0]) as im:
         crop = from_uint8(center_crop(im.convert("RGB"), 16).transpose(2, 0, 1))
     captured = []
     monkeypatch.setattr(
-        "scalelong.evaluation.feature_fn", lambda *a, **k: lambda x: captured.append(x) or x.mean((2, 3))
+        "scalelong.training.evaluation.feature_fn",
+        lambda *a, **k: lambda x: captured.append(x) or x.mean((2, 3)),
     )
     assert main([*argv, "--out", str(tmp_path / "c.npz"), "--center-crop=16", "--no-progress"]) == 0
     torch.testing.assert_close(captured[0][0], crop)
@@ -63,7 +64,7 @@ def val_captions(tmp_path, count=5):
 
 
 def test_caption_choice_is_seeded_wraps_and_ignores_the_process_count():
-    from scalelong.evaluation import choose_captions
+    from scalelong.training.evaluation import choose_captions
 
     captions = [f"c{i}" for i in range(10)]
     first = choose_captions(captions, 6, seed=3)
@@ -78,10 +79,10 @@ def test_caption_choice_is_seeded_wraps_and_ignores_the_process_count():
 @pytest.fixture()
 def t2i_run(tmp_path, monkeypatch):
     """A tiny untrained text-to-image run, local tiny encoders, validation captions, reference stats."""
-    from scalelong.config import load_config
+    from scalelong.training.config import load_config
 
     shapes: list = []
-    monkeypatch.setattr("scalelong.evaluation.feature_fn", lambda *a, **k: cheap_features(shapes))
+    monkeypatch.setattr("scalelong.training.evaluation.feature_fn", lambda *a, **k: cheap_features(shapes))
     small = [
         "model.uvit.img_size=4",
         "model.uvit.embed_dim=32",
@@ -119,7 +120,7 @@ def test_eval_of_a_t2i_run_samples_one_validation_caption_each_and_records_the_p
     assert record["captions"] == str(captions) and record["captions_count"] == 5
     assert record["fd_samples"] == 4 and record["guidance_scale"] == 2.0
     assert record["fd_sampler"] == "dpm_solver" and record["fd_steps"] == 2
-    from scalelong.evaluation import EVAL_SEED_OFFSET, choose_captions, read_caption_list
+    from scalelong.training.evaluation import EVAL_SEED_OFFSET, choose_captions, read_caption_list
 
     chosen = choose_captions(read_caption_list(captions), 4, cfg.train.seed * EVAL_SEED_OFFSET)
     assert record["captions_sampled"] == chosen and chosen[0] == chosen[0].strip()
@@ -169,9 +170,9 @@ def test_eval_of_a_t2i_run_refuses_bad_input_in_one_line_and_writes_nothing(
 
 
 def test_captions_given_to_a_run_that_is_not_text_to_image_are_refused(tmp_path, capsys):
-    from scalelong.build import build_model
-    from scalelong.checkpoint import save_checkpoint
-    from scalelong.config import config_to_dict, load_config, save_config
+    from scalelong.training.build import build_model
+    from scalelong.training.checkpoint import save_checkpoint
+    from scalelong.training.config import config_to_dict, load_config, save_config
 
     cfg = load_config(None, ["model.uvit.img_size=32", "model.uvit.patch_size=8", "model.uvit.in_channels=1"]
                       + ["model.uvit.embed_dim=16", "model.uvit.depth=2", "model.uvit.num_heads=2"]

@@ -3,8 +3,7 @@ import math
 import pytest
 import torch
 
-from scalelong.models.uvit import UViT
-from scalelong.theory import (
+from scalelong.diagnostics.theory import (
     ReLUUNet,
     feature_bound_experiment,
     fit_feature_bound,
@@ -12,6 +11,7 @@ from scalelong.theory import (
     measured_coefficients,
     theory_sums,
 )
+from scalelong.models.uvit import UViT
 
 
 def test_sums_of_the_bounds():

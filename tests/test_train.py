@@ -5,11 +5,11 @@ import torch
 from safetensors.torch import load_file
 
 from conftest import tiny_uvit_overrides
-from scalelong.build import build_model
-from scalelong.config import load_config
 from scalelong.errors import ScaleLongError
-from scalelong.runs import RunDir
-from scalelong.train import micro_batch_size, train
+from scalelong.training.build import build_model
+from scalelong.training.config import load_config
+from scalelong.training.runs import RunDir
+from scalelong.training.train import micro_batch_size, train
 
 
 def test_30_steps_lower_the_loss(tmp_path):
@@ -71,8 +71,8 @@ def test_diagnostics_off_logs_no_skip_statistics(tmp_path):
 def test_the_summary_records_what_made_the_run(tmp_path):
     """Provenance: a study can tell per run which code, torch, precision and machine made it; the
     precision is the one that ran (demo asks for bf16, which is fp32 on a CPU without bf16 units)."""
-    from scalelong.launch import cpu_has_bf16
-    from scalelong.provenance import source_commit
+    from scalelong.runlog.provenance import source_commit
+    from scalelong.training.launch import cpu_has_bf16
 
     overrides = tiny_uvit_overrides("prov", tmp_path, steps=2) + ["train.mixed_precision=bf16"]
     result = train(load_config("configs/demo.yaml", overrides), progress=False)
@@ -161,7 +161,7 @@ def test_grad_accum_must_divide_the_batch():
 
 
 def test_a_run_is_evaluated_at_its_last_step_too():
-    from scalelong.evaluation import TrainingEvaluator
+    from scalelong.training.evaluation import TrainingEvaluator
 
     cfg = load_config("configs/demo.yaml", ["train.steps=1950", "eval.every=1300"])
     evaluator = TrainingEvaluator.__new__(TrainingEvaluator)  # due() reads the config only

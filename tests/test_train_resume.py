@@ -25,8 +25,8 @@ import torch
 import yaml
 from safetensors.torch import load_file
 
-from scalelong.checkpoint import checkpoint_problem, list_checkpoints, save_checkpoint
 from scalelong.cli import main
+from scalelong.training.checkpoint import checkpoint_problem, list_checkpoints, save_checkpoint
 
 # One worker runs this module (`--dist loadgroup`): the straight run (workdir) is made once.
 pytestmark = pytest.mark.xdist_group("test_train_resume")
@@ -235,8 +235,8 @@ def test_keep_last_k_and_refuse_nonfinite(tmp_path):
 
 
 def test_tracker_truncates_on_resume_and_skips_missing_tensorboard(tmp_path, monkeypatch, capsys):
-    from scalelong.runs import RunDir
-    from scalelong.tracking import Tracker
+    from scalelong.runlog.tracking import Tracker
+    from scalelong.training.runs import RunDir
 
     run = RunDir(tmp_path)
     tracker = Tracker(run, {}, tensorboard=True)

@@ -14,8 +14,8 @@ import torch
 import yaml
 from benchmarks import train_step
 
-from scalelong.config import load_config
-from scalelong.presets import resolve_config
+from scalelong.training.config import load_config
+from scalelong.training.presets import resolve_config
 
 
 def narrow_demo(folder: Path) -> Path:

@@ -3,11 +3,11 @@ import torch
 from torch import nn
 
 from scalelong.cli import main
-from scalelong.config import load_config
 from scalelong.errors import ScaleLongError
 from scalelong.models import UNet
 from scalelong.models.unet import Upsample
 from scalelong.skips import ChannelGate, SharedChannelGate, SkipScaling
+from scalelong.training.config import load_config
 
 DDPM_SKIP_CHANNELS = [128] * 4 + [256] * 8
 
@@ -147,8 +147,8 @@ def test_train_tiny_unet_from_config(tmp_path):
 
     from safetensors.torch import load_file
 
-    from scalelong.build import build_model
-    from scalelong.train import train
+    from scalelong.training.build import build_model
+    from scalelong.training.train import train
 
     overrides = [
         f"out_dir={tmp_path}",
@@ -187,9 +187,9 @@ def test_train_tiny_unet_from_config(tmp_path):
 
 
 def test_unset_kappa_resolves_per_backbone():
-    from scalelong.build import build_model
-    from scalelong.config import ModelConfig, SkipConfig, UNetConfig
     from scalelong.skips import find_skip_scaling
+    from scalelong.training.build import build_model
+    from scalelong.training.config import ModelConfig, SkipConfig, UNetConfig
 
     for model_type, kappa in (("uvit", 0.5), ("unet", 0.9), ("diffusers_unet2d", 0.9)):
         assert load_config(None, [f"model.type={model_type}"]).model.skip.kappa == kappa

@@ -12,9 +12,9 @@ import torch
 import yaml
 from PIL import Image
 
-from scalelong.build import build_model
 from scalelong.cli import main
-from scalelong.config import load_config
+from scalelong.training.build import build_model
+from scalelong.training.config import load_config
 
 NETWORK = '''
 import torch
@@ -128,7 +128,7 @@ def test_the_builder_s_network_gets_the_found_skips(tmp_path):
 
 
 def load_builder_net(file):
-    from scalelong.user_model import load_builder
+    from scalelong.training.user_model import load_builder
 
     return load_builder(f"{file}:build")(width=4, channels=1)
 

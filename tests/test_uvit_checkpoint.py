@@ -4,11 +4,11 @@ import torch.nn.functional as F
 from safetensors.torch import save_file
 
 from scalelong.adapters import load_uvit_checkpoint
-from scalelong.build import build_model, count_parameters, uvit_kwargs
-from scalelong.config import ModelConfig, SkipConfig, UViTConfig
 from scalelong.errors import ScaleLongError
 from scalelong.models import UViT
 from scalelong.models.uvit import timestep_embedding
+from scalelong.training.build import build_model, count_parameters, uvit_kwargs
+from scalelong.training.config import ModelConfig, SkipConfig, UViTConfig
 
 # A tiny U-ViT: img 8, patch 2 (16 patches), D 16, depth 2 (1 in, 1 mid, 1 out), 4 heads,
 # class-conditional with 10 classes: L = 1 time + 1 label + 16 patches = 18 tokens.

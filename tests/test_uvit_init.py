@@ -4,10 +4,10 @@ gradient; xavier does not, and the release's stays the default."""
 import pytest
 import torch
 
-from scalelong.build import build_model
-from scalelong.config import load_config
 from scalelong.errors import ScaleLongError
 from scalelong.models import UViT
+from scalelong.training.build import build_model
+from scalelong.training.config import load_config
 
 
 def _block_grad_norms(init: str) -> dict[str, float]:

@@ -6,11 +6,11 @@ alone, and change nothing (keys, counts, outputs) when it is off, as in the rele
 import pytest
 import torch
 
-from scalelong.build import build_model
-from scalelong.config import load_config
 from scalelong.errors import ScaleLongError
 from scalelong.models import UViT
 from scalelong.models.uvit import Mlp
+from scalelong.training.build import build_model
+from scalelong.training.config import load_config
 
 
 def _changed_tokens(mlp: Mlp, token: int, extras: int = 2, grid: int = 4) -> set[int]:

@@ -4,12 +4,12 @@ each out-block's skip_linear weight, a control for cs under method none."""
 import pytest
 import torch
 
-from scalelong import config as config_module
-from scalelong.build import build_model
-from scalelong.config import load_config
 from scalelong.errors import ScaleLongError
 from scalelong.models import UViT
 from scalelong.models import uvit as uvit_module
+from scalelong.training import config as config_module
+from scalelong.training.build import build_model
+from scalelong.training.config import load_config
 
 D, DEPTH = 32, 6  # 3 skips
 SHAPE = dict(img_size=8, patch_size=2, in_channels=1, embed_dim=D, depth=DEPTH, num_heads=2)

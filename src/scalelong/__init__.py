@@ -9,13 +9,13 @@ Public API (the library: what your own training loop imports; torch and safetens
     is_applied, SkipInput              UNets and U-ViT, denoising-diffusion-pytorch's Unet, any network
     PretrainedWeightsWarning           whose skip inputs are declared with SkipInput (checked against
     find_skips                         the forward pass), or found by find_skips from one forward pass
-    save_scalelong, load_scalelong     ScaleLong and its gates to / from a folder (scalelong.saving)
+    save_scalelong, load_scalelong     ScaleLong and its gates to / from a folder (scalelong.adapters.saving)
     Diagnostics, RunLog, robustness    stability diagnostics from any loop (scalelong.diagnostics)
     ScaleLongError                     the error for anything a user can fix
 
 and of the application (the trainer's configuration)::
 
-    load_config, Config                configuration (scalelong.config)
+    load_config, Config                configuration (scalelong.training.config)
 
 Every name is imported on first use, so ``import scalelong`` loads nothing (not even torch), and
 the library's names never load the trainer, its config or YAML.
@@ -24,6 +24,10 @@ the library's names never load the trainer, its config or YAML.
 from __future__ import annotations
 
 import importlib
+import importlib.abc
+import importlib.machinery
+import sys
+import warnings
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:  # what type checkers and IDEs see; at run time __getattr__ imports on first use
@@ -35,13 +39,13 @@ if TYPE_CHECKING:  # what type checkers and IDEs see; at run time __getattr__ im
         is_applied,
         remove_scalelong,
     )
-    from scalelong.config import Config, load_config
+    from scalelong.adapters.saving import load_scalelong, save_scalelong
     from scalelong.diagnostics import Diagnostics, robustness
     from scalelong.errors import ScaleLongError
     from scalelong.models import UNet, UViT
     from scalelong.runlog import RunLog
-    from scalelong.saving import load_scalelong, save_scalelong
     from scalelong.skips import METHODS, SkipScaling, describe, skip_coefficients
+    from scalelong.training.config import Config, load_config
 
 # public name -> the module that defines it
 _LAZY = {
@@ -57,14 +61,14 @@ _LAZY = {
     "find_skips": "scalelong.adapters",
     "is_applied": "scalelong.adapters",
     "remove_scalelong": "scalelong.adapters",
-    "save_scalelong": "scalelong.saving",
-    "load_scalelong": "scalelong.saving",
+    "save_scalelong": "scalelong.adapters.saving",
+    "load_scalelong": "scalelong.adapters.saving",
     "Diagnostics": "scalelong.diagnostics",
     "robustness": "scalelong.diagnostics",
     "RunLog": "scalelong.runlog",
     "ScaleLongError": "scalelong.errors",
-    "Config": "scalelong.config",
-    "load_config": "scalelong.config",
+    "Config": "scalelong.training.config",
+    "load_config": "scalelong.training.config",
 }
 
 __all__ = [
@@ -102,6 +106,66 @@ def __getattr__(name: str):
 
 def __dir__() -> list[str]:
     return sorted({*globals(), *_LAZY})
+
+
+# ----------------------------------------------------------------------------- moved modules
+
+# Modules of 0.1 that moved when the library and the application became folders: the old path
+# imports the new module (the same object) and warns once. Removed in 0.3 (CHANGELOG.md).
+MOVED = {
+    "scalelong.declaration": "scalelong.adapters.declaration",
+    "scalelong.tracing": "scalelong.adapters.tracing",
+    "scalelong.checking": "scalelong.adapters.checking",
+    "scalelong.saving": "scalelong.adapters.saving",
+    "scalelong.overflow": "scalelong.diagnostics.overflow",
+    "scalelong.theory": "scalelong.diagnostics.theory",
+    "scalelong.metric_names": "scalelong.diagnostics.metric_names",
+    "scalelong.metrics_log": "scalelong.runlog.records",
+    "scalelong.tracking": "scalelong.runlog.tracking",
+    "scalelong.lock": "scalelong.runlog.lock",
+    "scalelong.provenance": "scalelong.runlog.provenance",
+    "scalelong.fd_mnist": "scalelong.metrics.fd_mnist",
+    "scalelong.frechet": "scalelong.metrics.frechet",
+    "scalelong.t2i": "scalelong.training.t2i",
+    "scalelong.train": "scalelong.training.train",
+    "scalelong.build": "scalelong.training.build",
+    "scalelong.config": "scalelong.training.config",
+    "scalelong.presets": "scalelong.training.presets",
+    "scalelong.checkpoint": "scalelong.training.checkpoint",
+    "scalelong.evaluation": "scalelong.training.evaluation",
+    "scalelong.launch": "scalelong.training.launch",
+    "scalelong.runs": "scalelong.training.runs",
+    "scalelong.export": "scalelong.training.export",
+    "scalelong.user_model": "scalelong.training.user_model",
+    "scalelong.plots": "scalelong.studies.plots",
+    "scalelong.sweep": "scalelong.studies.sweep",
+    "scalelong.compare": "scalelong.studies.compare",
+}
+
+
+class _MovedModules(importlib.abc.MetaPathFinder, importlib.abc.Loader):
+    """Finds a moved module under its old name: the new module itself, after one DeprecationWarning."""
+
+    def find_spec(self, name, path=None, target=None):
+        if name not in MOVED:
+            return None
+        return importlib.machinery.ModuleSpec(name, self)
+
+    def create_module(self, spec):
+        new = MOVED[spec.name]
+        warnings.warn(
+            f"{spec.name} moved to {new}; the old path will be removed in scalelong 0.3",
+            DeprecationWarning,
+            stacklevel=3,
+        )
+        return importlib.import_module(new)
+
+    def exec_module(self, module):  # the new module ran when it was imported
+        pass
+
+
+if not any(isinstance(finder, _MovedModules) for finder in sys.meta_path):
+    sys.meta_path.append(_MovedModules())
 
 
 # The one place the version is written: the build reads this line without importing the package

@@ -11,15 +11,15 @@ module that reads a model and describes, as plain data, where its skips enter it
 * ``uvit_diffusers.py``: diffusers' U-ViT, ``UTransformer2DModel`` and ``UniDiffuserModel``;
 * ``ddpm_pytorch.py``: ``denoising_diffusion_pytorch.Unet``;
 * any other network: the user's own ``skips=[SkipInput(...), ...]``, checked against the forward
-  pass (:mod:`scalelong.checking`), or those :func:`find_skips` reads off one forward pass
-  (:mod:`scalelong.tracing`), which ``apply_scalelong(model, method, example=(x, t))`` uses for a
+  pass (:mod:`scalelong.adapters.checking`), or those :func:`find_skips` reads off one forward pass
+  (:mod:`scalelong.adapters.tracing`), which ``apply_scalelong(model, method, example=(x, t))`` uses for a
   model no adapter knows.
 
 Types are matched by package and class name along the MRO, so subclasses are served and no
 optional package is imported to tell. The per-family modules never import one another, nor
 anything of the trainer; they, the tracer and the check describe skips as the same plain data,
-:class:`SkipInput` (:mod:`scalelong.declaration`). Saving, loading and listing what was applied:
-:mod:`scalelong.saving` (``save_scalelong`` / ``load_scalelong``) and :func:`scalelong.skips.describe`.
+:class:`SkipInput` (:mod:`scalelong.adapters.declaration`). Saving, loading and listing what was
+applied: :mod:`scalelong.adapters.saving` (``save_scalelong`` / ``load_scalelong``) and :func:`scalelong.skips.describe`.
 """
 
 from __future__ import annotations
@@ -31,14 +31,13 @@ from typing import Any
 import torch
 from torch import nn
 
-from scalelong import checking, tracing
-from scalelong.adapters import ddpm_pytorch, declared, uvit_diffusers
+from scalelong.adapters import checking, ddpm_pytorch, declared, tracing, uvit_diffusers
 from scalelong.adapters import diffusers as diffusers_unets
+from scalelong.adapters.declaration import SkipInput
+from scalelong.adapters.tracing import FoundSkips, TracedSkip
 from scalelong.adapters.uvit_checkpoint import load_uvit_checkpoint
-from scalelong.declaration import SkipInput
 from scalelong.errors import ScaleLongError
 from scalelong.skips import METHODS, PAPER_METHODS, find_skip_scaling
-from scalelong.tracing import FoundSkips, TracedSkip
 
 __all__ = [
     "FoundSkips",
@@ -130,7 +129,7 @@ def apply_scalelong(
             For a type no adapter knows and no ``skips``: :func:`find_skips` reads the skips off
             it. With ``skips``: the declaration is checked on it at once.
         check: check a declaration of ``skips`` against the forward pass
-            (:mod:`scalelong.checking`): the order (outermost first), every skip once,
+            (:mod:`scalelong.adapters.checking`): the order (outermost first), every skip once,
             each channel slice exactly the skip's; on ``example`` when given, else on the
             model's first call, before it runs. Each mistake is one :class:`ScaleLongError`.
             ``False`` trusts the declaration (a subset of the skips on purpose, say).
@@ -214,9 +213,9 @@ def find_skips(model: nn.Module, *example_inputs: object, **example_kwargs: obje
     training flags and the random number generator are restored after). The first tensor input
     is the image x_t: skips are what depends on it. Pass the inputs the model is trained with, at
     a small batch: ``find_skips(net, torch.randn(1, 3, 32, 32), torch.full((1,), 0.5))``. How the
-    skips are told apart from the main path and the conditioning: :mod:`scalelong.tracing`.
+    skips are told apart from the main path and the conditioning: :mod:`scalelong.adapters.tracing`.
 
-    Returns a :class:`~scalelong.tracing.FoundSkips`: the declaration as data, a sequence
+    Returns a :class:`~scalelong.adapters.tracing.FoundSkips`: the declaration as data, a sequence
     of :class:`SkipInput` with dotted module paths (a skip handed over in a tuple, such as a
     diffusers up block's ``res_hidden_states_tuple``, by ``item=``), that
     ``apply_scalelong(model, method, skips=found)`` installs (``apply_scalelong(model, method,

@@ -15,7 +15,7 @@ concatenated input the skip's channel slice::
     ]
     apply_scalelong(net, "ls", skips=skips, skip_channels=[64, 128, 128])
 
-:class:`SkipInput` itself, plain data, lives in :mod:`scalelong.declaration` (the tracer of
+:class:`SkipInput` itself, plain data, lives in :mod:`scalelong.adapters.declaration` (the tracer of
 :func:`scalelong.find_skips` emits it too). Every adapter of :mod:`scalelong.adapters` describes
 its family's layout in these terms and
 installs it here, so there is one installer. A declaration is plain data once its modules are
@@ -42,7 +42,7 @@ from typing import NamedTuple
 import torch
 from torch import nn
 
-from scalelong.declaration import SkipInput, input_text, locate
+from scalelong.adapters.declaration import SkipInput, input_text, locate
 from scalelong.errors import ScaleLongError
 from scalelong.skips import DEFAULT_KAPPA, SkipScaling, SkipSite, find_skip_scaling
 

@@ -102,7 +102,7 @@ def load_uvit_checkpoint(
         model: the :class:`~scalelong.models.UViT` to load into, or a dict of ``UViT`` keyword
             arguments to build it from (its ``skip_method``, ``kappa`` and ``ls_reduction``
             included). ``scalelong train``'s model config gives them through
-            :func:`scalelong.build.uvit_kwargs`.
+            :func:`scalelong.training.build.uvit_kwargs`.
         strict: reject checkpoint entries the model does not have (an error naming them);
             ``False`` ignores them with a warning that names them.
 

@@ -13,5 +13,5 @@
 * :mod:`~scalelong.studies.reading`: a comparison's table in plain sentences;
 * :mod:`~scalelong.studies.report`: markdown reports with embedded images, sample grids, captions.
 
-The metric names every study reads are built and parsed in :mod:`scalelong.metric_names`.
+The metric names every study reads are built and parsed in :mod:`scalelong.diagnostics.metric_names`.
 """

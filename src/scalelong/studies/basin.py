@@ -34,8 +34,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from scalelong.plots import BasinPoint, plot_basin
 from scalelong.skips import method_order
+from scalelong.studies.plots import BasinPoint, plot_basin
 from scalelong.studies.statistics import Contrast, contrast, fmt_ci, fmt_contrast, mean_ci
 from scalelong.studies.summary import CellSummary
 

@@ -220,7 +220,7 @@ class ScheduledCall:
     def __call__(self, *args):
         import torch
 
-        from scalelong.launch import cpu_cores, sigterm_as_interrupt
+        from scalelong.training.launch import cpu_cores, sigterm_as_interrupt
 
         torch.set_num_threads(self.threads or cpu_cores())
         requeued: dict = {}

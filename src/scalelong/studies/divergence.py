@@ -14,8 +14,8 @@ import statistics
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
-from scalelong import metric_names as names
-from scalelong.metrics_log import Records, as_float, series
+from scalelong.diagnostics import metric_names as names
+from scalelong.runlog.records import Records, as_float, series
 from scalelong.studies.heldout import heldout_x0_error
 
 

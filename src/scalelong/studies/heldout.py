@@ -9,8 +9,8 @@ import math
 import statistics
 from collections.abc import Mapping, Sequence
 
-from scalelong import metric_names as names
-from scalelong.metrics_log import Records, as_float
+from scalelong.diagnostics import metric_names as names
+from scalelong.runlog.records import Records, as_float
 
 
 def _x0_levels(record: Mapping, weights: str) -> list[float]:

@@ -13,9 +13,9 @@ import math
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-from scalelong.plots import plot_fig1_by_depth
 from scalelong.skips import method_order
 from scalelong.studies.heldout import heldout_x0_series
+from scalelong.studies.plots import plot_fig1_by_depth
 from scalelong.studies.statistics import contrast, fmt_ci, fmt_contrast
 from scalelong.studies.summary import Cell, StudyRun
 

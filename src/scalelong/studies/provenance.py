@@ -2,7 +2,7 @@
 
 ``runs.json`` holds the study's base config once and, per run, the keys where its config differs,
 the provenance its summary.json records (commit, torch, the precision it really ran in, the device;
-:mod:`scalelong.provenance`), its verdict by the failure rule and its time series as numbers (loss,
+:mod:`scalelong.runlog.provenance`), its verdict by the failure rule and its time series as numbers (loss,
 lr, hidden-feature norm and fp16 headroom at every logged step, the held-out x0 error at every
 probe). So a reader can recompute any table of the report, check a number quoted from it, and see
 which commit and precision each cell rests on (:func:`cell_provenance`).
@@ -15,12 +15,12 @@ import math
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-from scalelong import metric_names as names
-from scalelong.config import config_to_dict, read_yaml
-from scalelong.metrics_log import series, write_text_atomic
-from scalelong.runs import config_differences
+from scalelong.diagnostics import metric_names as names
+from scalelong.runlog.records import series, write_text_atomic
 from scalelong.studies.heldout import heldout_x0_series
 from scalelong.studies.summary import Cell, StudyRun
+from scalelong.training.config import config_to_dict, read_yaml
+from scalelong.training.runs import config_differences
 
 # The series every run carries, by metrics-log key.
 SERIES = {

@@ -10,9 +10,9 @@ import re
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-from scalelong.config import Config
-from scalelong.fd_mnist import CONFIDENT, real_digit_score
+from scalelong.metrics.fd_mnist import CONFIDENT, real_digit_score
 from scalelong.studies.summary import StudyRun
+from scalelong.training.config import Config
 
 DIGIT_HEADER = "confident digits"  # the first digit-score column of the study tables
 

@@ -5,7 +5,7 @@ A run that diverges is a result, never an abort: :func:`run_all` finishes the ot
 run that fails is reported in one line. Finished runs of the same config are reused, so
 re-running a study resumes it; ``jobs`` > 1 trains that many runs at a time in worker processes
 that divide the cores, each on its own GPU where there are GPUs
-(:func:`scalelong.launch.place_runs`, :func:`scalelong.launch.pool_map`); with a
+(:func:`scalelong.training.launch.place_runs`, :func:`scalelong.training.launch.pool_map`); with a
 :class:`~scalelong.studies.cluster.ClusterOptions` every run is a job of a cluster's scheduler
 (:mod:`scalelong.studies.cluster`). Either way the run directory is the unit of truth: what
 finished is reused, what was interrupted resumes from its last checkpoint.
@@ -24,14 +24,20 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from scalelong.build import check_models
-from scalelong.config import Config, config_to_dict, read_yaml, save_config, validate
 from scalelong.errors import ScaleLongError
-from scalelong.launch import PoolStopped, launch_processes, place_runs, pool_map, sigterm_as_interrupt
-from scalelong.lock import lock_state
-from scalelong.runs import RunDir, config_differences
+from scalelong.runlog.lock import lock_state
 from scalelong.skips import METHODS
-from scalelong.train import TrainingInterrupted, TrainingStopped, train
+from scalelong.training.build import check_models
+from scalelong.training.config import Config, config_to_dict, read_yaml, save_config, validate
+from scalelong.training.launch import (
+    PoolStopped,
+    launch_processes,
+    place_runs,
+    pool_map,
+    sigterm_as_interrupt,
+)
+from scalelong.training.runs import RunDir, config_differences
+from scalelong.training.train import TrainingInterrupted, TrainingStopped, train
 
 if TYPE_CHECKING:
     from scalelong.studies.cluster import ClusterOptions
@@ -106,7 +112,7 @@ def train_run(
     ignore_signals: Sequence[int] = (),
 ) -> RunOutcome:
     """Train one run of a study, here or in a worker: its outcome, never an exception (but an
-    interrupt). ``train_kwargs`` go to :func:`scalelong.train.train` (hooks). ``processes`` > 1:
+    interrupt). ``train_kwargs`` go to :func:`scalelong.training.train.train` (hooks). ``processes`` > 1:
     the run spans that many processes of this machine (one per visible GPU, through Accelerate),
     started as ``scalelong train --num-processes`` starts them (:func:`train_in_processes`)."""
     if processes > 1:
@@ -187,9 +193,9 @@ def _submit(
     but those a job of an earlier submission still has, or a live process trains (its lock):
     those go into ``outcomes`` as ``running``. Returns the submitted indices and their outcomes
     as they come, in the order of the indices."""
-    from scalelong.launch import cpu_cores
-    from scalelong.lock import holder
+    from scalelong.runlog.lock import holder
     from scalelong.studies.cluster import JobEnded, active_jobs, job_map
+    from scalelong.training.launch import cpu_cores
 
     folder = cluster.job_folder(Path(cfgs[todo[0]].out_dir))
     active = active_jobs(cluster, folder, [cfgs[i].name for i in todo])
@@ -255,7 +261,7 @@ def run_all(
 
     ``jobs`` 1 (or None) trains one after another in this process; ``jobs`` J > 1 trains J at a
     time in spawned workers with ``cores // J`` torch threads each and, where there are GPUs, GPUs
-    of their own (``gpus_per_run`` each; :func:`scalelong.launch.place_runs`); ``train_kwargs``
+    of their own (``gpus_per_run`` each; :func:`scalelong.training.launch.place_runs`); ``train_kwargs``
     must then pickle. ``cluster``: every run a job of a scheduler
     (:func:`scalelong.studies.cluster.job_map`; ``jobs``: at most that many at once; a run whose
     job ends early is ``interrupted``, and ``submitted`` without waiting). A run that stops or
@@ -332,7 +338,7 @@ def _collect(
 def check_plan(cfgs: Sequence[Config]) -> None:
     """What a study checks before its first run, writing nothing: every run's config is valid,
     no run folder holds a run of another config (:func:`check_run_dirs`) and every model accepts
-    its input shape (:func:`scalelong.build.check_models`)."""
+    its input shape (:func:`scalelong.training.build.check_models`)."""
     for cfg in cfgs:
         try:
             validate(copy.deepcopy(cfg))  # validation resolves defaults in place; the plan stays as built

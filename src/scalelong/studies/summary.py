@@ -17,13 +17,13 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 
-from scalelong import metric_names as names
+from scalelong.diagnostics import metric_names as names
 from scalelong.errors import ScaleLongError
-from scalelong.metrics_log import Records, as_float, load_metrics, series
-from scalelong.runs import RunDir
+from scalelong.runlog.records import Records, as_float, load_metrics, series
 from scalelong.studies.divergence import DEFAULT_RULE, Divergence, DivergenceRule, divergence, feature_growth
 from scalelong.studies.heldout import heldout_x0_error, initial_x0_error
 from scalelong.studies.statistics import Contrast, contrast
+from scalelong.training.runs import RunDir
 
 
 @dataclass
