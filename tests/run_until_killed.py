@@ -107,8 +107,8 @@ def waiting_run_all(run_all, at_step: int, until: str | os.PathLike | None = Non
 
 
 if __name__ == "__main__":
-    import scalelong.studies.compare
-    import scalelong.studies.sweep
+    import scalelong.studies.compare.entry
+    import scalelong.studies.sweep.entry
     import scalelong.training.launch
     import scalelong.training.train
     from scalelong.cli import main
@@ -123,10 +123,10 @@ if __name__ == "__main__":
     )  # `scalelong train`
     # the processes of `scalelong train --num-processes N` run this script too, with the same AT
     scalelong.training.launch.WORKER_PROGRAM = [os.path.abspath(__file__), at]
-    scalelong.studies.compare.run_all = waiting_run_all(
-        scalelong.studies.compare.run_all, at_step
+    scalelong.studies.compare.entry.run_all = waiting_run_all(
+        scalelong.studies.compare.entry.run_all, at_step
     )  # `scalelong compare`
-    scalelong.studies.sweep.run_all = waiting_run_all(
-        scalelong.studies.sweep.run_all, at_step
+    scalelong.studies.sweep.entry.run_all = waiting_run_all(
+        scalelong.studies.sweep.entry.run_all, at_step
     )  # `scalelong sweep`
     sys.exit(main(argv))

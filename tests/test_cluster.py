@@ -13,7 +13,7 @@ import pytest
 import torch
 
 import scalelong.studies.running
-import scalelong.studies.sweep
+import scalelong.studies.sweep.entry
 import scalelong.training.launch
 from conftest import learning_uvit_overrides
 from run_until_killed import waiting_run_all
@@ -335,7 +335,7 @@ def test_a_sweep_of_local_jobs_killed_and_requeued_midway_reports_what_the_pool_
         """The command with --no-wait, every run it submits waiting after ``at_step``."""
         with monkeypatch.context() as m:
             m.setattr(
-                scalelong.studies.sweep,
+                scalelong.studies.sweep.entry,  # where run_sweep looks run_all up
                 "run_all",
                 waiting_run_all(scalelong.studies.running.run_all, at_step, until),
             )

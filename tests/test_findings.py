@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from scalelong.studies.mapfile import read_map
-from scalelong.studies.paired import outcomes
+from scalelong.studies.sweep.mapfile import read_map
+from scalelong.studies.sweep.paired import outcomes
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "docs" / "results"

@@ -10,14 +10,6 @@ import pytest
 
 from scalelong.diagnostics import metric_names as names
 from scalelong.diffusion import NOISE_LEVELS
-from scalelong.studies.basin import (
-    basin_section,
-    basin_table,
-    basins,
-    capped_error,
-    largest_stable_lr,
-    lr_sensitivity,
-)
 from scalelong.studies.divergence import Divergence
 from scalelong.studies.plots import BasinPoint, basin_figure
 from scalelong.studies.summary import (
@@ -28,6 +20,14 @@ from scalelong.studies.summary import (
     initial_x0_error,
 )
 from scalelong.studies.sweep import cell_config, report_sweep
+from scalelong.studies.sweep.basin import (
+    basin_section,
+    basin_table,
+    basins,
+    capped_error,
+    largest_stable_lr,
+    lr_sensitivity,
+)
 from scalelong.training.config import load_config, save_config
 
 T1 = 12.706204736174705  # t(0.975, 1): two seeds

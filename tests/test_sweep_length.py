@@ -5,8 +5,8 @@ import math
 
 import pytest
 
-from scalelong.studies.length import length_section, length_table, probes
 from scalelong.studies.summary import Cell, StudyRun
+from scalelong.studies.sweep.length import length_section, length_table, probes
 
 LEVELS = (0.1, 0.5, 1.0)
 
@@ -60,7 +60,7 @@ def test_the_section_draws_one_panel_and_is_left_out_without_two_probes(tmp_path
 
 
 def test_the_figure_leaves_out_the_untrained_model(tmp_path, monkeypatch):
-    import scalelong.studies.length as length
+    import scalelong.studies.sweep.length as length
 
     drawn = {}
 

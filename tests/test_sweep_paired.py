@@ -7,12 +7,12 @@ import math
 import pytest
 
 from scalelong.studies.divergence import Divergence
-from scalelong.studies.mapfile import agreement_section, read_map
-from scalelong.studies.paired import paired_json, paired_table
 from scalelong.studies.provenance import cell_provenance, provenance_section
 from scalelong.studies.statistics import paired_outcomes
 from scalelong.studies.summary import Cell, CellSummary, SeedSummary, StudyRun
 from scalelong.studies.sweep import report_sweep
+from scalelong.studies.sweep.mapfile import agreement_section, read_map
+from scalelong.studies.sweep.paired import paired_json, paired_table
 from scalelong.training.config import load_config
 
 FAILED = (Divergence("x0", 1200, "final held-out x0 error 0.3 is not below the mean image's 0.2"),)

@@ -110,8 +110,9 @@ def __dir__() -> list[str]:
 
 # ----------------------------------------------------------------------------- moved modules
 
-# Modules of 0.1 that moved when the library and the application became folders: the old path
-# imports the new module (the same object) and warns once. Removed in 0.3 (CHANGELOG.md).
+# Modules of 0.1 that moved when the library and the application became folders, and a study's
+# own modules when the study became a package: the old path imports the new module (the same
+# object) and warns once. Removed in 0.3 (CHANGELOG.md).
 MOVED = {
     "scalelong.declaration": "scalelong.adapters.declaration",
     "scalelong.tracing": "scalelong.adapters.tracing",
@@ -140,6 +141,12 @@ MOVED = {
     "scalelong.plots": "scalelong.studies.plots",
     "scalelong.sweep": "scalelong.studies.sweep",
     "scalelong.compare": "scalelong.studies.compare",
+    # the modules of one study alone, moved into its package
+    "scalelong.studies.basin": "scalelong.studies.sweep.basin",
+    "scalelong.studies.length": "scalelong.studies.sweep.length",
+    "scalelong.studies.mapfile": "scalelong.studies.sweep.mapfile",
+    "scalelong.studies.paired": "scalelong.studies.sweep.paired",
+    "scalelong.studies.reading": "scalelong.studies.compare.reading",
 }
 
 

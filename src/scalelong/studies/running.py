@@ -385,7 +385,7 @@ class StudyResult:
     table: str
     outcomes: list[RunOutcome]
     legend: str = ""  # how to read columns the table's headers cannot explain (the digit score)
-    reading: str = ""  # the table in plain sentences (:func:`scalelong.studies.reading.reading`)
+    reading: str = ""  # the table in plain sentences (:func:`scalelong.studies.compare.reading.reading`)
     reported: bool = True  # False: no report was written (jobs submitted without waiting, nothing finished)
 
     @property

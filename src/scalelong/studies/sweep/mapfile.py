@@ -1,4 +1,5 @@
-"""A sweep's map.json read back into the cells a report is made of, when its runs are gone.
+"""A sweep's map.json: written with every cell's per-seed numbers (:func:`write_map_json`), and read
+back into the cells a report is made of when its runs are gone.
 
 A study's run folders are large and often left behind on the machine that trained them; its map.json
 travels with the report. :func:`read_map` turns every cell of one back into a
@@ -17,8 +18,12 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from scalelong.errors import ScaleLongError
-from scalelong.studies.divergence import Divergence
+from scalelong.runlog.records import write_text_atomic
+from scalelong.skips import method_order
+from scalelong.studies.divergence import DEFAULT_RULE, Divergence
 from scalelong.studies.summary import Cell, CellSummary, SeedSummary
+from scalelong.studies.sweep.basin import Basin, basin_json, basins
+from scalelong.studies.sweep.paired import paired_json
 
 # map.json column -> SeedSummary field
 COLUMNS = {
@@ -38,6 +43,75 @@ COLUMNS = {
 }
 # What a report needs beyond the cells, and where today's writer puts it.
 EXPECTED = {"feature_growth": "feature growth", "failed": "verdicts by today's rule"}
+
+
+def write_map_json(
+    cells: Sequence[CellSummary],
+    path: Path,
+    key: str,
+    found: Sequence[Basin] | None = None,
+    recorded: Mapping[tuple, list[dict]] | None = None,
+) -> Path:
+    """Every cell's per-seed numbers as JSON (``final`` is the final ``key``: fd or loss), with
+    each value's seed, for tables and plots made elsewhere: the held-out x0 errors (EMA, trained
+    weights, untrained model at step 0, mean image), each run's cap l0 of the lr basin with its
+    source and its capped value; and where the map has two lrs or more, ``basin``, per (method,
+    depth), the numbers of the lr basin (:func:`scalelong.studies.sweep.basin.basin_json`), so the
+    basin tables can be rebuilt from the file. ``found``: the basins of ``cells`` where already
+    computed; ``recorded``: the verdicts a map read back recorded (:func:`read_map`), kept."""
+
+    def number(x: float) -> float | None:
+        return x if math.isfinite(x) else None  # JSON has no NaN
+
+    found = basins(cells) if found is None else found
+    read = {(b.depth, b.method, r.lr, r.seed): r for b in found for r in b.runs}
+
+    def basin_runs(c: CellSummary) -> list:
+        return [read[c.cell.depth, c.cell.method, c.cell.lr, s] for s in c.seeds]
+
+    rows = [
+        {
+            "depth": c.cell.depth,
+            "lr": c.cell.lr,
+            "method": c.cell.method,
+            "seeds": c.count,
+            "seed": c.seeds,
+            f"final_{key}": [number(x) for x in c.final],
+            "feature_norm": [number(x) for x in c.values("feature_norm")],
+            "heldout_x0_error": [number(x) for x in c.values("x0_error")],
+            "heldout_x0_error_raw": [number(x) for x in c.values("x0_error_raw")],
+            "heldout_x0_error_start": [number(x) for x in c.values("x0_error_start")],
+            "x0_mean_image": [number(x) for x in c.values("x0_mean_image")],
+            "basin_cap": [number(r.cap) for r in basin_runs(c)],
+            "basin_cap_source": [r.cap_source for r in basin_runs(c)],
+            "basin_value": [number(r.value("ema")) for r in basin_runs(c)],
+            "basin_value_raw": [number(r.value("raw")) for r in basin_runs(c)],
+            "feature_growth": [number(x) for x in c.values("feature_growth")],
+            "feature_norm_osc_std": [number(x) for x in c.values("feature_osc")],
+            "loss_spikes": [number(x) for x in c.values("spikes")],
+            "fp16_headroom_least": [number(x) for x in c.values("fp16_headroom")],
+            "digits_confident": [number(x) for x in c.values("confident")],
+            "digits_entropy": [number(x) for x in c.values("entropy")],
+            "failed": [
+                [{"criterion": d.criterion, "step": d.step, "detail": d.detail} for d in b] for b in c.breaks
+            ],
+            **(
+                {
+                    "recorded_criteria": [
+                        recorded.get((c.cell.depth, c.cell.lr, c.cell.method, s), []) for s in c.seeds
+                    ]
+                }
+                if recorded
+                else {}
+            ),
+        }
+        for c in sorted(cells, key=lambda c: (c.cell.depth or 0, method_order(c.cell.method), c.cell.lr))
+    ]
+    data = {"metric": key, "rule": DEFAULT_RULE.describe(), "cells": rows, "paired": paired_json(cells)}
+    if len({c.cell.lr for c in cells}) > 1:  # a basin needs two lrs (basin_section)
+        data |= {"basin_weights": "ema (lr_sensitivity_raw: the trained weights)", "basin": basin_json(found)}
+    write_text_atomic(path, json.dumps(data, indent=1) + "\n")
+    return path
 
 
 def _value(x: object) -> float:

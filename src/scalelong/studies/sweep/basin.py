@@ -151,6 +151,15 @@ class Basin:
         """:func:`largest_stable_lr` over the shared seeds (:meth:`deciding_counts`)."""
         return largest_stable_lr(self.deciding_counts())
 
+    def stable_edge(self) -> str:
+        """The largest stable lr as every table writes it: ``2e-3``; ``8e-3 (the largest tried)``
+        where it is the largest lr the method trained (the edge may lie further out); ``none``
+        where the smallest lr that decides failed."""
+        top = self.largest_stable_lr
+        if top is None:
+            return "none"
+        return f"{top:g}" + (" (the largest tried)" if top == self.lrs[-1] else "")
+
     def seed_values(self, weights: str = "ema") -> dict[int | None, dict[float, float]]:
         """Per seed, its capped value at each lr it has one (:meth:`BasinRun.value`)."""
         out: dict[int | None, dict[float, float]] = {}
@@ -264,10 +273,6 @@ def basins(cells: Sequence[CellSummary]) -> list[Basin]:
 # ----------------------------------------------------------------------------- the report's section
 
 
-def _lr(lr: float | None) -> str:
-    return "none" if lr is None else f"{lr:g}"
-
-
 def _count(basin: Basin, lr: float, weights: str) -> str:
     """``1/3`` failed at ``lr`` over every seed run; where the methods ran other seeds, the count on
     the shared seeds that decides the edge (``; 0/1 shared``) or that it decides nothing (``; not
@@ -310,11 +315,10 @@ def basin_table(found: Sequence[Basin], weights: str = "ema") -> str:
     head += ["LR sensitivity (trained weights)"] if raw else []
     lines = ["| " + " | ".join(head) + " |", "|---" * len(head) + "|"]
     for b in found:
-        top = b.largest_stable_lr
-        stable = _lr(top) + (" (the largest tried)" if top is not None and top == b.lrs[-1] else "")
         diff = "baseline" if b is base else fmt_contrast(b.against(base, weights))
         best = b.best(weights)
-        row = [b.method, stable, *(_count(b, lr, weights) for lr in grid), _sensitivity(b, weights), diff]
+        row = [b.method, b.stable_edge(), *(_count(b, lr, weights) for lr in grid)]
+        row += [_sensitivity(b, weights), diff]
         row += [fmt_ci(best[1]), f"{best[0]:g}"] if best else ["n/a", ""]
         row += [_sensitivity(b, "raw")] if raw else []
         lines.append("| " + " | ".join(row) + " |")

@@ -1,0 +1,114 @@
+"""The figures of a sweep's report: one stability heatmap per depth, and the paper's Fig. 1 by
+depth at one learning rate (with the out-blocks' norms, to locate a blow-up)."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+from scalelong.diagnostics import metric_names as names
+from scalelong.errors import ScaleLongError
+from scalelong.skips import method_order
+from scalelong.studies.plots import (
+    decoder_blocks,
+    plot_fig1_by_depth,
+    plot_out_block_norms,
+    plot_stability_map,
+    series,
+)
+from scalelong.studies.statistics import mean_ci
+from scalelong.studies.summary import Cell, CellSummary, StudyRun, summarise_cells
+from scalelong.studies.sweep.tables import fig1_table
+
+
+def draw_map(cells: Sequence[CellSummary], path: Path, title: str, metric: str) -> Path:
+    """The heatmap of one depth: methods x lrs, coloured by the mean final ``metric``."""
+    methods = sorted({c.cell.method for c in cells}, key=method_order)
+    lrs = sorted({c.cell.lr for c in cells})
+    at = {(c.cell.method, c.cell.lr): c for c in cells}
+    values, notes, marked = [], [], []
+    for m in methods:
+        row = [at.get((m, lr)) for lr in lrs]
+        values.append([mean_ci(c.final)[0] if c else math.nan for c in row])
+        notes.append(
+            [
+                "" if c is None else f"{c.diverged}/{c.count} diverged" if c.diverged else f"n={c.count}"
+                for c in row
+            ]
+        )
+        marked.append([bool(c and c.diverged) for c in row])
+    return plot_stability_map(values, notes, marked, methods, [f"{lr:g}" for lr in lrs], path, title, metric)
+
+
+def _same_lr(a: float, b: float) -> bool:
+    return math.isclose(a, b, rel_tol=1e-9)
+
+
+def check_fig1_lr(fig1_lr: float | None, lrs: Sequence[float]) -> None:
+    """Before any run: the Fig. 1 learning rate must be one the sweep trains."""
+    if fig1_lr is not None and not any(_same_lr(fig1_lr, lr) for lr in lrs):
+        swept = ",".join(f"{lr:g}" for lr in lrs)
+        raise ScaleLongError(f"--fig1-lr {fig1_lr:g} is not one of --lrs {swept}; choose one of them")
+
+
+def figure_lr(runs: Mapping[Cell, Sequence[StudyRun]], fig1_lr: float | None) -> float | None:
+    """The lr the report's figures over steps are drawn at: ``fig1_lr``, else the map's smallest
+    (None for a map without cells)."""
+    return fig1_lr if fig1_lr is not None else min((c.lr for c in runs), default=None)
+
+
+def fig1_section(
+    runs: Mapping[Cell, Sequence[StudyRun]], sweep_dir: Path, fig1_lr: float | None = None
+) -> list[str]:
+    """The report's picture of the paper's Fig. 1 at one learning rate (``fig1_lr``; None: the
+    smallest of the map): the hidden-feature norm against step, one panel per depth, one line
+    per method (:func:`scalelong.studies.plots.plot_fig1_by_depth`), its last values in a table, and per
+    depth the norm of every out-block, one panel per method, to locate a blow-up."""
+    heading = "## Fig. 1: hidden-feature norm by depth"
+    lr = figure_lr(runs, fig1_lr)
+    cells: dict[Cell, list[StudyRun]] = {}  # the cells drawn, each with its seeds' logged runs
+    for c, rs in sorted(runs.items(), key=lambda kv: (kv[0].depth or 0, method_order(kv[0].method))):
+        logged = [r for r in rs if r.records]
+        if lr is not None and _same_lr(c.lr, lr) and logged:
+            cells[c] = logged
+    chosen = {(c.depth, c.method): rs for c, rs in cells.items()}
+    if not chosen:
+        return [heading, f"No finished run at lr {lr:g} to draw." if lr is not None else "No finished run."]
+    if not any(series(r.records, names.FEATURE_NORM)[0] for rs in chosen.values() for r in rs):
+        return [heading, "The runs logged no hidden-feature norm: set diagnostics.every > 0 to draw it."]
+    which = "the smallest of the map" if fig1_lr is None else "chosen for this figure"
+    png = plot_fig1_by_depth({k: [r.records for r in rs] for k, rs in chosen.items()}, sweep_dir / "fig1.png")
+    parts = [
+        heading,
+        f"As in the paper's Fig. 1, at lr {lr:g} ({which}): the norm of the hidden features (mean over "
+        "the blocks) against step, one panel per depth, one line per method. The line is the mean over "
+        "the method's seeds and the band spans the seeds' **min..max** (their spread, not a confidence "
+        "interval); non-finite values are left out, so a diverged seed's values end where it broke. A "
+        "log y-axis means the norms span more than two decades. The paper: without scaling (`none`) "
+        "the norm grows during training, the more so the deeper the network; scaled long skips keep "
+        "it down.",
+        f"![Fig. 1 at lr {lr:g}]({png.name})",
+        "The last logged hidden-feature norm (mean over seeds ± the half-width of a 95% t-interval; "
+        "in brackets its ratio to `none`'s at the same depth, the geometric mean over the seeds both "
+        "ran, as in the gap table):",
+        fig1_table(summarise_cells(cells, names.LOSS)),
+    ]
+    views = []
+    for depth in sorted({d for d, _ in chosen}, key=lambda d: d or 0):
+        mine = {m: [r.records for r in rs] for (d, m), rs in chosen.items() if d == depth}
+        if not decoder_blocks([rec for rr in mine.values() for recs in rr for rec in recs]):
+            continue
+        label = "all cells" if depth is None else f"depth {depth}"
+        name = "out_blocks.png" if depth is None else f"out_blocks_d{depth}.png"
+        png = plot_out_block_norms(mine, sweep_dir / name, title=f"{label}, lr {lr:g}")
+        views.append(f"![out-block feature norms, {label}, lr {lr:g}]({png.name})")
+    if views:
+        parts += [
+            "### Where it grows: the out-blocks",
+            "Per depth, the feature norm of each out-block against step (mean over seeds), one panel per "
+            "method on shared axes; the colour runs from the first out-block (dark, merging the innermost "
+            "skip) to the last (bright, merging skip 1, next to the output).",
+            *views,
+        ]
+    return parts
