@@ -19,7 +19,8 @@ Types are matched by package and class name along the MRO, so subclasses are ser
 optional package is imported to tell. The per-family modules never import one another, nor
 anything of the trainer; they, the tracer and the check describe skips as the same plain data,
 :class:`SkipInput` (:mod:`scalelong.adapters.declaration`). Saving, loading and listing what was
-applied: :mod:`scalelong.adapters.saving` (``save_scalelong`` / ``load_scalelong``) and :func:`scalelong.skips.describe`.
+applied: :mod:`scalelong.adapters.saving` (``save_scalelong`` / ``load_scalelong``) and
+:func:`scalelong.skips.describe`.
 """
 
 from __future__ import annotations
