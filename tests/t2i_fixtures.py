@@ -84,7 +84,26 @@ def save_tiny_t2i_run(cfg, tmp_path: Path) -> None:
     save_config(cfg, cfg.run_dir / "config.yaml")
     model = build_model(cfg.model)
     save_checkpoint(cfg.run_dir / "checkpoints", 1, model, model, config_to_dict(cfg))
+    save_tiny_encoders(tmp_path)
+
+
+def save_tiny_encoders(tmp_path: Path) -> None:
+    """The tiny text encoder and autoencoder as local folders ``tmp_path / "clip"`` and ``"vae"``."""
     tokenizer, text = tiny_text_encoder(tmp_path)
     tokenizer.save_pretrained(tmp_path / "clip")
     text.save_pretrained(tmp_path / "clip")
     tiny_autoencoder().save_pretrained(tmp_path / "vae")
+
+
+def tiny_coco_features(root: Path, resolution: int = 32) -> Path:
+    """The feature folder of a fake MS-COCO of 4 images (8 captions) under ``root``, encoded by the
+    tiny encoders at ``resolution`` (latents of side resolution / 8): ``root / "feat"``."""
+    from scalelong.training.t2i import extract_features
+
+    images, captions = fake_coco(root)
+    tokenizer, text = tiny_text_encoder(root)
+    out = root / "feat"
+    extract_features(
+        images, captions, out, tiny_autoencoder(), tokenizer, text, resolution=resolution, progress=False
+    )
+    return out

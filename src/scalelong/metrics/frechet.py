@@ -65,14 +65,18 @@ def feature_stats(features: torch.Tensor | np.ndarray) -> tuple[np.ndarray, np.n
     return f.mean(axis=0), np.cov(f, rowvar=False)
 
 
-def save_stats(path: str | Path, mu: np.ndarray, sigma: np.ndarray, metric: str, n: int) -> Path:
-    """Write reference statistics (``mu``, ``sigma`` as pytorch-fid names them, plus the metric)."""
+def save_stats(
+    path: str | Path, mu: np.ndarray, sigma: np.ndarray, metric: str, n: int, resolution: int | None = None
+) -> Path:
+    """Write reference statistics (``mu``, ``sigma`` as pytorch-fid names them, plus the metric and,
+    when given, the side of the square images they describe)."""
     path = Path(path)
     if path.suffix != ".npz":  # what np.savez writes: name the file it makes
         path = path.with_name(f"{path.name}.npz")
+    side = {} if resolution is None else {"resolution": np.array(resolution)}
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        np.savez(path, mu=mu, sigma=sigma, metric=np.array(metric), n=np.array(n))
+        np.savez(path, mu=mu, sigma=sigma, metric=np.array(metric), n=np.array(n), **side)
     except OSError as e:
         raise ScaleLongError(
             f"cannot write the statistics {path} ({e.strerror}); choose another --out"
@@ -86,6 +90,15 @@ def stored_metric(path: str | Path) -> str | None:
         with np.load(path) as f:
             return str(f["metric"]) if "metric" in f.files else None
     except (OSError, ValueError):
+        return None
+
+
+def stored_resolution(path: str | Path) -> int | None:
+    """The image side an ``.npz`` of :func:`save_stats` records (None for files written without it)."""
+    try:
+        with np.load(path) as f:
+            return int(f["resolution"]) if "resolution" in f.files else None
+    except (OSError, ValueError, TypeError):
         return None
 
 
@@ -280,4 +293,5 @@ __all__ = [
     "reference_stats",
     "save_stats",
     "stored_metric",
+    "stored_resolution",
 ]

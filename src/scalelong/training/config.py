@@ -216,6 +216,9 @@ class EvalConfig:
     batch_size: int = 250
     final_num_samples: int = 5000  # re-score the best checkpoint with this many (the recipe: 50k); 0: off
     mixed_precision: str | bool = "no"  # the sampler's network forward: no (fp32) | bf16 | fp16 autocast
+    # text-to-image runs: MS-COCO captions JSON (captions_val2014.json); evaluation sample i shows
+    # caption i of a permutation drawn from the evaluation seed, as `scalelong eval --captions` draws them
+    captions: str | None = None
 
 
 @dataclass
@@ -226,7 +229,7 @@ class T2IConfig:
     text_encoder: str = "openai/clip-vit-large-patch14"  # hub id or local folder (CLIP ViT-L/14)
     latent_scale: float = 0.23010  # latents are stored times this
     caption_dropout: float = 0.1  # captions replaced by the empty one, to learn the unconditional model
-    guidance_scale: float = 1.0  # classifier-free guidance of sample grids and `scalelong sample`
+    guidance_scale: float = 1.0  # classifier-free guidance of sample grids, `scalelong sample`, evaluation
 
 
 @dataclass
@@ -599,6 +602,7 @@ def validate(cfg: Config) -> None:
     if cfg.diagnostics.window < 2 or cfg.diagnostics.spike_factor <= 1:
         raise ScaleLongError("diagnostics: need window >= 2 and spike_factor > 1")
     _validate_eval(cfg.eval)
+    _validate_eval_captions(cfg.eval, cfg.data)
     if not cfg.name or "/" in cfg.name or cfg.name in (".", ".."):
         raise ScaleLongError(f"name={cfg.name!r} must be a plain folder name")
 
@@ -636,6 +640,22 @@ def _validate_eval(e: EvalConfig) -> None:
     if e.metric == "fid" and not e.fid_stats and e.every > 0:
         raise ScaleLongError(
             "eval.metric=fid needs eval.fid_stats=PATH; make it with `scalelong fid-stats CONFIG --out PATH`"
+        )
+
+
+def _validate_eval_captions(e: EvalConfig, d: DataConfig) -> None:
+    """A text-to-image run is scored on captions (eval.captions), and only such a run takes them.
+    Whether the file exists and holds captions is the evaluator's check, when the run starts."""
+    text_to_image = d.name == "coco_latents"
+    if text_to_image and e.every > 0 and not e.captions:
+        raise ScaleLongError(
+            "eval.every on a text-to-image run needs eval.captions=PATH: an MS-COCO captions file "
+            "(captions_val2014.json), one caption drawn for each evaluation sample"
+        )
+    if e.captions and not text_to_image:
+        raise ScaleLongError(
+            f"eval.captions is for text-to-image runs (data.name=coco_latents), not data.name={d.name}; "
+            "drop it"
         )
 
 

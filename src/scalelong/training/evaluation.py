@@ -43,6 +43,7 @@ from scalelong.metrics.frechet import (
     mnist_reference_stats,
     save_stats,
     stored_metric,
+    stored_resolution,
 )
 from scalelong.models import conditioning
 from scalelong.runlog.records import write_text_atomic
@@ -115,6 +116,11 @@ def read_caption_list(path: str | Path) -> list[str]:
     return captions
 
 
+def first_evaluation_seed(cfg: Config) -> int:
+    """The seed of evaluation sample 0 (sample i has this + i), a function of ``train.seed`` alone."""
+    return cfg.train.seed * EVAL_SEED_OFFSET
+
+
 def choose_captions(captions: Sequence[str], n: int, seed: int) -> list[str]:
     """The caption of each of ``n`` samples: a permutation of ``captions`` drawn from ``seed``, sample i
     taking entry i (modulo the count, so ``n`` beyond it wraps). It depends on nothing else: not on
@@ -147,6 +153,30 @@ class CaptionSampling:
             model, schedule, sampler, steps, seeds, context, null, scale, shape, device
         )
         return decode_latents(latents.float(), self.autoencoder, self.latent_scale)
+
+
+def caption_sampling(
+    cfg: Config,
+    captions: Sequence[str],
+    n: int,
+    device: torch.device | str = "cpu",
+    guidance_scale: float | None = None,
+    text_encoder: str | None = None,
+    autoencoder: str | None = None,
+) -> CaptionSampling:
+    """How ``n`` evaluation samples of a text-to-image run are drawn: sample i shows caption i of
+    :func:`choose_captions` seeded by :func:`first_evaluation_seed`, guided by ``guidance_scale``
+    (default the run's ``t2i.guidance_scale``) and decoded by the autoencoder; ``text_encoder`` and
+    ``autoencoder`` default to the run's ``t2i`` ones. A first ``m < n`` samples show the same
+    captions as ``m`` samples would."""
+    from scalelong.training.t2i import load_autoencoder, load_text_encoder
+
+    scale = cfg.t2i.guidance_scale if guidance_scale is None else float(guidance_scale)
+    vae = load_autoencoder(autoencoder or cfg.t2i.autoencoder).to(device)
+    tokenizer, text_model = load_text_encoder(text_encoder or cfg.t2i.text_encoder)
+    base = first_evaluation_seed(cfg)
+    chosen = choose_captions(captions, n, base)
+    return CaptionSampling(chosen, base, tokenizer, text_model.to(device), vae, scale, cfg.t2i.latent_scale)
 
 
 @torch.no_grad()
@@ -214,7 +244,7 @@ def score_model(
     r-th contiguous share of the seeds; the main process gathers the features and returns the
     score, the others return None.
     """
-    base = cfg.train.seed * EVAL_SEED_OFFSET
+    base = first_evaluation_seed(cfg)
     rank, world = (accelerator.process_index, accelerator.num_processes) if accelerator else (0, 1)
     seeds = range(base + rank * n // world, base + (rank + 1) * n // world)  # shares differ by <= 1
     feats = None
@@ -306,6 +336,12 @@ class TrainingEvaluator:
     the samples are split over them (see :func:`fd_of_model`).
     Config keys: ``eval.every, num_samples, metric, fid_stats, inception_weights, sampler, steps,
     batch_size, final_num_samples``.
+
+    A text-to-image run (``data.name=coco_latents``) is scored as ``scalelong eval --captions``
+    scores it: sample i shows caption i of ``eval.captions`` (:func:`caption_sampling`), the same
+    captions at every evaluation and on any number of processes, with the run's
+    ``t2i.guidance_scale``, decoded by its autoencoder. The records keep the keys above;
+    eval_final.json adds the captions file, their count, the guidance scale and the encoders.
     """
 
     def __init__(
@@ -325,6 +361,32 @@ class TrainingEvaluator:
                     f"eval.metric=fd-mnist scores 1x32x32 digits but the model makes "
                     f"{model_input_shape(cfg.model)}; use eval.metric=fid with eval.fid_stats"
                 )
+        self.captions: CaptionSampling | None = None
+        self.protocol: dict = {}  # what a text-to-image score rests on, beside the best step's re-score
+        if self.e.every > 0 and is_text_to_image(cfg):
+            self.captions = self._caption_sampling()
+
+    def _caption_sampling(self) -> CaptionSampling:
+        """A text-to-image run's captions and encoders, read now: a captions file that is not
+        MS-COCO's, reference statistics that do not fit the decoded samples or encoders that cannot
+        be loaded are refused before the first training step."""
+        captions = read_caption_list(self.e.captions)
+        # Loading builds networks whose initialisation must not move the training's random streams.
+        with torch.random.fork_rng(devices=[]):
+            check_reference_fits(
+                self.e.fid_stats, self.ref, self.features, scored_image_shape(self.cfg), self.e.metric
+            )
+            n = max(self.e.num_samples, self.e.final_num_samples)  # the re-score's first samples: the same
+            sampling = caption_sampling(self.cfg, captions, n, self.device)
+        t = self.cfg.t2i
+        self.protocol = {
+            "captions": str(self.e.captions),
+            "captions_count": len(captions),
+            "guidance_scale": sampling.guidance_scale,
+            "text_encoder": t.text_encoder,
+            "autoencoder": t.autoencoder,
+        }
+        return sampling
 
     @property
     def features(self) -> FeatureFn:
@@ -355,6 +417,7 @@ class TrainingEvaluator:
                 device=self.device,
                 accelerator=self.acc,
                 digits=self.e.metric == "fd-mnist",
+                captions=self.captions,
             )
         finally:
             ema_model.train(was_training)
@@ -391,6 +454,7 @@ class TrainingEvaluator:
             "best_step": step,
             **result,
             "fd_at_eval": self.run.eval_records(self.e.metric)[step][metric_names.FD],
+            **self.protocol,
         }
         self.run.eval_final_file.write_text(json.dumps(result, indent=1))
         return result
@@ -487,10 +551,46 @@ def dataset_images(cfg: Config, limit: int | None = None) -> torch.Tensor:
 LATENT_DOWNSAMPLING = 8  # the KL-f8 autoencoder: a 32x32 latent is a 256x256 image
 
 
+def is_text_to_image(cfg: Config) -> bool:
+    """Whether a run trains on the caption and latent shards of ``scalelong extract-features``."""
+    return cfg.data.name == "coco_latents"
+
+
 def run_resolution(cfg: Config) -> int:
     """The side of the images a run makes: 8 x the latent side for text-to-image (latent) runs."""
     side = model_input_shape(cfg.model)[-1]
-    return side * LATENT_DOWNSAMPLING if cfg.data.name == "coco_latents" else side
+    return side * LATENT_DOWNSAMPLING if is_text_to_image(cfg) else side
+
+
+def scored_image_shape(cfg: Config) -> tuple[int, ...]:
+    """The shape of one image an evaluation scores: a text-to-image run's decoded RGB image, else
+    the model's output."""
+    side = run_resolution(cfg)
+    return (3, side, side) if is_text_to_image(cfg) else tuple(model_input_shape(cfg.model))
+
+
+def check_reference_fits(
+    fid_stats: str | Path | None,
+    ref: tuple[np.ndarray, np.ndarray],
+    features: FeatureFn,
+    shape: Sequence[int],
+    metric: str,
+) -> None:
+    """Refuse reference statistics ``ref`` (read from ``fid_stats``) that cannot describe images of
+    ``shape``: of another feature size than ``metric`` computes, or, where the file records it, of
+    images of another side (Inception resizes whatever it is given, so FID would not say)."""
+    size = features(torch.zeros(1, *shape)).shape[1]
+    if size != len(ref[0]):
+        raise ScaleLongError(
+            f"{fid_stats} holds statistics of {len(ref[0])} features but {metric} computes {size}; "
+            "make them again with `scalelong fid-stats`"
+        )
+    side = stored_resolution(fid_stats) if fid_stats else None
+    if side is not None and side != shape[-1]:
+        raise ScaleLongError(
+            f"{fid_stats} holds statistics of {side}x{side} images but the run's samples are "
+            f"{shape[-1]}x{shape[-1]}; make them at the run's resolution with `scalelong fid-stats`"
+        )
 
 
 def image_folder(path: str | Path, side: int):
@@ -526,16 +626,19 @@ def compute_reference_stats(
     """
     features = feature_fn(metric, device, inception_weights, random_init)  # fails fast without weights
     if images is not None:
-        dataset = image_folder(images, center_crop or run_resolution(cfg))
+        side = center_crop or run_resolution(cfg)
+        dataset = image_folder(images, side)
     else:
         dataset = build_dataset(cfg.data)
+        height, width = dataset[0][0].shape[-2:]
+        side = int(width) if height == width else None
     count = len(dataset) if limit is None else min(limit, len(dataset))
     batches = (
         torch.stack([dataset[i][0] for i in range(start, min(start + batch_size, count))])
         for start in range(0, count, batch_size)
     )
     mu, sigma = feature_stats(batch_features(features, batches))
-    return save_stats(out, mu, sigma, metric, count), count
+    return save_stats(out, mu, sigma, metric, count, resolution=side), count
 
 
 def evaluate_run(
@@ -561,10 +664,10 @@ def evaluate_run(
     """Sample ``n`` images of a run's checkpoint and score them; the result goes to ``run_dir/eval/``.
 
     A text-to-image run is scored as U-ViT scores MS-COCO: ``captions`` is an MS-COCO captions file
-    (captions_val2014.json); sample i shows caption i of :func:`choose_captions` (seeded by the
-    evaluation seed), drawn with classifier-free guidance ``guidance_scale`` (default the run's
-    ``t2i.guidance_scale``) and decoded by the autoencoder; ``text_encoder`` and ``autoencoder``
-    default to the run's ``t2i`` config.
+    (captions_val2014.json; default the run's ``eval.captions``); sample i shows caption i of
+    :func:`choose_captions` (seeded by the evaluation seed), drawn with classifier-free guidance
+    ``guidance_scale`` (default the run's ``t2i.guidance_scale``) and decoded by the autoencoder;
+    ``text_encoder`` and ``autoencoder`` default to the run's ``t2i`` config.
 
     ``mixed_precision`` (``no`` | ``bf16`` | ``fp16``; default: the run's ``eval.mixed_precision``) is the
     precision of the sampler's network forward.
@@ -587,6 +690,7 @@ def evaluate_run(
     ref = reference(metric, fid_stats, missing)
     if n < 2:
         raise ScaleLongError(f"--n must be >= 2, got {n}")
+    captions = captions if captions is not None else run_cfg.eval.captions  # those it was scored on
     caption_list = read_caption_list(captions) if captions is not None else None
     writer = writer_of(run.eval_dir)
     if writer is not None:  # never write into a folder another process owns
@@ -602,24 +706,10 @@ def evaluate_run(
         )
     features = feature_fn(metric, device, inception_weights, random_init)
     shape = (3, run_resolution(cfg), run_resolution(cfg)) if t2i else model_input_shape(cfg.model)
-    size = features(torch.zeros(1, *shape)).shape[1]
-    if size != len(ref[0]):
-        raise ScaleLongError(
-            f"{fid_stats} holds statistics of {len(ref[0])} features but {metric} computes {size}; "
-            "make them again with `scalelong fid-stats`"
-        )
+    check_reference_fits(fid_stats, ref, features, shape, metric)
     sampling = None
     if t2i:
-        from scalelong.training.t2i import load_autoencoder, load_text_encoder
-
-        scale = cfg.t2i.guidance_scale if guidance_scale is None else float(guidance_scale)
-        vae = load_autoencoder(autoencoder or cfg.t2i.autoencoder).to(device)
-        tokenizer, text_model = load_text_encoder(text_encoder or cfg.t2i.text_encoder)
-        base = cfg.train.seed * EVAL_SEED_OFFSET
-        chosen = choose_captions(caption_list, n, base)
-        sampling = CaptionSampling(
-            chosen, base, tokenizer, text_model.to(device), vae, scale, cfg.t2i.latent_scale
-        )
+        sampling = caption_sampling(cfg, caption_list, n, device, guidance_scale, text_encoder, autoencoder)
     if batch_size:
         cfg.eval.batch_size = batch_size
     if mixed_precision is not None:
@@ -674,14 +764,19 @@ def evaluate_run(
 __all__ = [
     "CaptionSampling",
     "TrainingEvaluator",
+    "caption_sampling",
+    "check_reference_fits",
     "choose_captions",
     "compute_reference_stats",
     "evaluate_run",
     "fd_of_model",
+    "first_evaluation_seed",
+    "is_text_to_image",
     "reference",
     "read_caption_list",
     "reference_for",
     "sample_features",
+    "scored_image_shape",
     "score_model",
     "SampleScore",
 ]
