@@ -603,6 +603,13 @@ def validate(cfg: Config) -> None:
         raise ScaleLongError("diagnostics: need window >= 2 and spike_factor > 1")
     _validate_eval(cfg.eval)
     _validate_eval_captions(cfg.eval, cfg.data)
+    if cfg.data.name == "coco_latents" and cfg.sample.num_images:
+        # the grid drawn at the end of training cycles class labels; a caption model needs prompts
+        raise ScaleLongError(
+            f"sample.num_images={cfg.sample.num_images} draws a grid without prompts at the end of a "
+            "text-to-image run; set sample.num_images=0 and draw images with "
+            "`scalelong sample RUN --prompt TEXT`"
+        )
     if not cfg.name or "/" in cfg.name or cfg.name in (".", ".."):
         raise ScaleLongError(f"name={cfg.name!r} must be a plain folder name")
 
