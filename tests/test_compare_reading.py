@@ -10,13 +10,14 @@ from pathlib import Path
 from types import SimpleNamespace
 
 from conftest import tiny_uvit_overrides
-from scalelong.cli import evaluation_lines, main
+from scalelong.cli import main
 from scalelong.studies.compare import summarise, write_report
 from scalelong.studies.compare.reading import fig1_order, reading
 from scalelong.studies.divergence import Divergence
 from scalelong.studies.running import RunOutcome, StudyResult
 from scalelong.studies.summary import MethodSummary, SeedSummary, StudyRun
 from scalelong.training.config import load_config
+from scalelong.training.runs import evaluation_lines
 from scalelong.training.train import _rescore
 
 

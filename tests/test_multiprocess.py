@@ -153,6 +153,7 @@ def assert_evaluation_split_like_one_process(run_dir: Path, seeds: Path, tmp_pat
 
 def test_cpu_processes_launches_data_parallel_processes_of_a_share_of_the_cores(tmp_path, monkeypatch):
     from scalelong import cli
+    from scalelong.cli.training import cpu_processes
     from scalelong.training import launch
 
     launched = []
@@ -180,9 +181,9 @@ def test_cpu_processes_launches_data_parallel_processes_of_a_share_of_the_cores(
 
     launched.clear()
     monkeypatch.setenv("WORLD_SIZE", "2")  # a launched process does not launch again
-    assert cli.cpu_processes(load_config("configs/demo.yaml", ["train.cpu_processes=2"])) == 1
+    assert cpu_processes(load_config("configs/demo.yaml", ["train.cpu_processes=2"])) == 1
     monkeypatch.delenv("WORLD_SIZE")
-    assert cli.cpu_processes(load_config("configs/demo.yaml", ["train.cpu_processes=1"])) == 1
+    assert cpu_processes(load_config("configs/demo.yaml", ["train.cpu_processes=1"])) == 1
 
 
 def test_launched_cpu_processes_share_the_cores(monkeypatch):

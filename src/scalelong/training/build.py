@@ -21,6 +21,7 @@ from scalelong.data import check_batches, load_dataset
 from scalelong.diffusion import VPSDE, DiscreteDDPM, Schedule
 from scalelong.errors import ScaleLongError
 from scalelong.models import UNet, UViT, conditioning
+from scalelong.skips import KAPPA_METHODS, PAPER_METHODS, skip_table
 from scalelong.training.config import Config, DataConfig, DiffusionConfig, ModelConfig, resolved_kappa
 from scalelong.training.user_model import build_user_model
 
@@ -265,3 +266,16 @@ def check_data_fits_model(cfg: Config, dataset: Dataset, world_size: int = 1) ->
 
 def count_parameters(model: nn.Module) -> int:
     return sum(p.numel() for p in model.parameters())
+
+
+def model_summary(cfg: ModelConfig, model: nn.Module) -> str:
+    """What ``scalelong info`` says of a config's model: its type and parameter count, the skip
+    method (with kappa where the method reads it) and the skip table of
+    :func:`scalelong.skips.skip_table`."""
+    method = cfg.skip.method
+    skips = (
+        f"skips: {method}"
+        + (f", kappa={cfg.skip.kappa:g}" if method in KAPPA_METHODS else "")
+        + ("" if method in PAPER_METHODS else " (not one of the paper's methods; docs/method.md)")
+    )
+    return "\n".join([f"model: {cfg.type}, {count_parameters(model):,} parameters", skips, skip_table(model)])

@@ -52,6 +52,7 @@ from torch import nn
 
 from scalelong.diagnostics import metric_names, robustness
 from scalelong.errors import ScaleLongError
+from scalelong.metrics.fd_mnist import format_digit_score
 from scalelong.runlog.lock import LOCK_NAME, FolderLock, Warn, lock_state, writer_of
 from scalelong.runlog.records import CONFIG_FILE, METRICS_FILE, TB_DIR, MetricsLog, write_text_atomic
 from scalelong.training.build import build_model
@@ -526,13 +527,64 @@ def checkpoint_robustness(
     return robustness(load_model(checkpoint, weights=weights), schedule, x0, ts, **kwargs)
 
 
+def score_line(
+    r: dict, where: str, digits: dict | None = None, real: dict | None = None, places: int = 4
+) -> str:
+    """One evaluation record (``fd``, ``fd_metric``, ``fd_samples``, ...) as one line, with the digit
+    score beside FD-MNIST: what ``scalelong eval`` prints and ``scalelong train`` ends with."""
+    how = f"{where}, {r['fd_samples']} samples, {r['fd_sampler']} {r['fd_steps']} steps"
+    how += f", {r['fd_precision']}" if r.get("fd_precision") in ("bf16", "fp16") else ""
+    line = f"{r['fd_metric']} {r['fd']:.{places}f} ({how})"
+    if digits is not None:  # beside FD-MNIST, the readable part: recognisable digits and class balance
+        line += f"; digits: {format_digit_score(digits, real)}"
+    return line
+
+
+def evaluation_lines(run: RunDir) -> list[str]:
+    """What a finished run scored: its last evaluation (FD and, for FD-MNIST, the digit score), and
+    the best step's re-score where ``eval.final_num_samples`` asked for one, or else how to score
+    more samples; no lines for a run that never evaluated."""
+    records = run.eval_records()
+    if not records:
+        return []
+    step = max(records)
+    r = records[step]
+
+    def digit_score(record: dict) -> dict | None:  # beside FD-MNIST: whether the samples read as digits
+        if not isinstance(record.get(metric_names.DIGITS_CONFIDENT), (int, float)):
+            return None
+        return {
+            "confident": record[metric_names.DIGITS_CONFIDENT],
+            "entropy": record.get(metric_names.DIGITS_ENTROPY, float("nan")),
+        }
+
+    lines = [score_line(r, f"step {step}", digit_score(r), places=1)]
+    try:
+        final = json.loads(run.eval_final_file.read_text())
+        line = (
+            f"best step {final['best_step']} re-scored: {final['fd_metric']} {final['fd']:.1f} "
+            f"({final['fd_samples']} samples)"
+        )
+        if (digits := digit_score(final)) is not None:
+            line += f"; digits: {format_digit_score(digits)}"
+        lines.append(line)
+    except FileNotFoundError:  # no re-score asked for (eval.final_num_samples: 0)
+        if r["fd_samples"] < 1000:  # FD is biased upward on few samples
+            lines.append(f"score it on more samples: scalelong eval {run.path} --n 1000")
+    except (OSError, ValueError, KeyError, TypeError):
+        pass  # an unreadable re-score file: the run's own log above still says what it scored
+    return lines
+
+
 __all__ = [
     "RESUME_FREE_KEYS",
     "checkpoint_robustness",
     "MetricsLog",
     "RunDir",
     "config_differences",
+    "evaluation_lines",
     "load_model",
     "lock_state",
+    "score_line",
     "writer_of",
 ]
