@@ -93,6 +93,30 @@ def test_fid_stats_then_eval_reads_the_metric_from_the_file(run, tmp_path, capsy
     assert rc == 0 and stdout.startswith("fd-mnist ") and "2 steps" in stdout
 
 
+def test_eval_scores_against_the_statistics_the_run_was_scored_against(run, tmp_path, capsys) -> None:
+    """Without --fid-stats, `scalelong eval RUN` reads the run's own eval.fid_stats (what its
+    training-time evaluations used), so the line `scalelong train` suggests works for FID runs."""
+    stats = tmp_path / "mnist-100.npz"
+    rc, _, _ = cli(
+        capsys,
+        "fid-stats",
+        run.run_dir / "config.yaml",
+        "--out",
+        stats,
+        "--metric",
+        "fd-mnist",
+        "--limit",
+        100,
+    )
+    assert rc == 0
+    scored = load_config(run.run_dir / "config.yaml", [f"eval.fid_stats={stats}", "eval.metric=fd-mnist"])
+    save_config(scored, run.run_dir / "config.yaml")
+    rc, stdout, err = cli(capsys, "eval", run.run_dir, "--n", 8, "--steps", 2)
+    assert rc == 0, err
+    (result,) = [json.loads(p.read_text()) for p in (run.run_dir / "eval").iterdir()]
+    assert result["reference"] == str(stats), result
+
+
 def test_fid_offline_without_weights_is_one_line(run, tmp_path, capsys, monkeypatch) -> None:
     from pytorch_fid import inception
 

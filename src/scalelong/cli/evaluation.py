@@ -156,7 +156,10 @@ def add_commands(sub) -> None:
     p.add_argument(
         "--n", type=at_least(2), default=10000, help="number of samples (the recipe: 10k, final 50k)"
     )
-    p.add_argument("--fid-stats", help="reference statistics from `scalelong fid-stats` (read first)")
+    p.add_argument(
+        "--fid-stats",
+        help="reference statistics from `scalelong fid-stats` (read first; default: the run's eval.fid_stats)",
+    )
     p.add_argument("--metric", choices=METRIC_NAMES, help="default: the run's eval.metric")
     p.add_argument("--inception-weights", help=INCEPTION_WEIGHTS_HELP)
     p.add_argument(

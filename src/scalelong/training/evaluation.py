@@ -683,6 +683,8 @@ def evaluate_run(
     """
     run = RunDir(run_dir)
     run_cfg = run.config()
+    if fid_stats is None and metric in (None, run_cfg.eval.metric):
+        fid_stats = run_cfg.eval.fid_stats  # those its evaluations during training were scored against
     if fid_stats is not None and metric is None:  # a statistics file says which features it holds
         metric = stored_metric(fid_stats) or "fid"
     metric = metric or run_cfg.eval.metric
