@@ -158,7 +158,8 @@ def add_commands(sub) -> None:
     )
     p.add_argument(
         "--fid-stats",
-        help="reference statistics from `scalelong fid-stats` (read first; default: the run's eval.fid_stats)",
+        help="reference statistics from `scalelong fid-stats` (read first; default: the run's "
+        "eval.fid_stats)",
     )
     p.add_argument("--metric", choices=METRIC_NAMES, help="default: the run's eval.metric")
     p.add_argument("--inception-weights", help=INCEPTION_WEIGHTS_HELP)
