@@ -161,10 +161,10 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     if args.report_only:
         from scalelong.studies.sweep import report_sweep
 
-        return _partial_report(cfgs, report_sweep(cfg, sweep_dir, fig1_lr=args.fig1_lr))
+        return _partial_report(cfgs, report_sweep(cfg, sweep_dir, fig1_lr=args.fig1_lr, beside=args.beside))
     result = run_sweep(
         cfg, methods, lrs, depths, args.seeds, sweep_dir, jobs=args.jobs, progress=not args.no_progress,
-        fig1_lr=args.fig1_lr, gpus_per_run=args.gpus_per_run, cluster=cluster,
+        fig1_lr=args.fig1_lr, gpus_per_run=args.gpus_per_run, cluster=cluster, beside=args.beside,
     )  # fmt: skip
     if result.reported:
         print(f"\n{result.table}\n")
@@ -306,6 +306,14 @@ def add_commands(sub) -> None:
         type=float,
         default=None,
         help="the lr of the report's Fig. 1 (default: the smallest of --lrs)",
+    )
+    p.add_argument(
+        "--beside",
+        default=None,
+        metavar="PATH",
+        help="another sweep's folder or map.json, the same grid in another precision: the report sets "
+        "the two side by side (basin, failures by cause, fp16 headroom against fp16 overflows); "
+        "map.json records it, so --report-only finds it again",
     )
     p.add_argument(
         "--dry-run",

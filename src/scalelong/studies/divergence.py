@@ -188,10 +188,16 @@ def cause(d: Divergence) -> str:
     out_blocks.0.skip_linear``, ``gradient overflow``, ``non-finite output ... at MODULE``)."""
     if d.criterion != "nonfinite" or "; the last: " not in d.detail:
         return d.criterion
-    last = d.detail.split("; the last: ", 1)[1]
+    return "nonfinite: " + skip_cause(d.detail.split("; the last: ", 1)[1])
+
+
+def skip_cause(last: str) -> str:
+    """Why a step was skipped, as a study counts it, from the trainer's line (summary.json
+    ``last_skipped``, ``stopped.cause``): ``gradient overflow``, ``fp16 overflow in forward at
+    MODULE``, ... without the step and the numbers."""
     if last.startswith("gradient overflow"):
-        return "nonfinite: gradient overflow"
-    return "nonfinite: " + last.split(" (step ", 1)[0]
+        return "gradient overflow"
+    return last.split(" (step ", 1)[0]
 
 
 def causes(breaks: Iterable[Sequence[Divergence]]) -> dict[str, int]:

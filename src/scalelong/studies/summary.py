@@ -129,7 +129,11 @@ class SeedSummary:
     x0_error_raw: float = math.nan  # the same of the trained weights (``diagnostics.noise_levels_raw``)
     x0_error_start: float = math.nan  # of the untrained model, at step 0 (:func:`initial_x0_error`)
     x0_mean_image: float = math.nan  # the mean image's x0 error on the same held-out images
+    overflow_steps: float = math.nan  # steps an fp16 run's loss scaler skipped with a finite loss
+    nonfinite_steps: float = math.nan  # steps skipped for a non-finite loss (or gradients, without a scaler)
     breaks: tuple[Divergence, ...] = ()  # the divergence rule's verdict; empty: healthy
+    precision: str = ""  # what the run computed in (its provenance): fp32, bf16, fp16; "" unrecorded
+    last_skipped: str = ""  # why its last skipped step was skipped (summary.json); "" none or unrecorded
 
 
 def summarise_run(run: StudyRun) -> SeedSummary:
@@ -150,7 +154,11 @@ def summarise_run(run: StudyRun) -> SeedSummary:
         x0_error_raw=heldout_x0_error(r, weights="raw"),
         x0_error_start=initial_x0_error(r),
         x0_mean_image=last_value(r, names.X0_MEAN_IMAGE),
+        overflow_steps=as_float(run.summary.get("overflow_steps")),
+        nonfinite_steps=as_float(run.summary.get("nonfinite_steps")),
         breaks=tuple(run.breaks),
+        precision=str((run.summary.get("provenance") or {}).get("precision") or ""),
+        last_skipped=str(run.summary.get("last_skipped") or ""),
     )
 
 

@@ -17,6 +17,8 @@ What is specific to the grid lives in this package, one module a job:
 * :mod:`~scalelong.studies.sweep.basin`: the lr basin (Wortsman et al. 2023), the largest stable lr;
 * :mod:`~scalelong.studies.sweep.length`: the gap by length, over training;
 * :mod:`~scalelong.studies.sweep.paired`: failure paired by seed against ``none``;
+* :mod:`~scalelong.studies.sweep.beside`: the same grid in another precision, set beside this one
+  (``--beside``): the basin, the failures by cause and fp16 headroom as a prediction of overflow;
 * :mod:`~scalelong.studies.sweep.mapfile`: map.json, written and read back;
 * :mod:`~scalelong.studies.sweep.report`: the report, assembled.
 

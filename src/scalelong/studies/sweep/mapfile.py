@@ -40,7 +40,11 @@ COLUMNS = {
     "heldout_x0_error_raw": "x0_error_raw",
     "heldout_x0_error_start": "x0_error_start",
     "x0_mean_image": "x0_mean_image",
+    "overflow_steps": "overflow_steps",
+    "nonfinite_steps": "nonfinite_steps",
 }
+# map.json column of text -> SeedSummary field ("" where the column or the value is missing)
+TEXT_COLUMNS = {"precision": "precision", "last_skipped": "last_skipped"}
 # What a report needs beyond the cells, and where today's writer puts it.
 EXPECTED = {"feature_growth": "feature growth", "failed": "verdicts by today's rule"}
 
@@ -51,14 +55,17 @@ def write_map_json(
     key: str,
     found: Sequence[Basin] | None = None,
     recorded: Mapping[tuple, list[dict]] | None = None,
+    beside: Mapping | None = None,
 ) -> Path:
     """Every cell's per-seed numbers as JSON (``final`` is the final ``key``: fd or loss), with
     each value's seed, for tables and plots made elsewhere: the held-out x0 errors (EMA, trained
     weights, untrained model at step 0, mean image), each run's cap l0 of the lr basin with its
-    source and its capped value; and where the map has two lrs or more, ``basin``, per (method,
-    depth), the numbers of the lr basin (:func:`scalelong.studies.sweep.basin.basin_json`), so the
-    basin tables can be rebuilt from the file. ``found``: the basins of ``cells`` where already
-    computed; ``recorded``: the verdicts a map read back recorded (:func:`read_map`), kept."""
+    source and its capped value, its precision and the steps it skipped; and where the map has two
+    lrs or more, ``basin``, per (method, depth), the numbers of the lr basin
+    (:func:`scalelong.studies.sweep.basin.basin_json`), so the basin tables can be rebuilt from the
+    file. ``found``: the basins of ``cells`` where already computed; ``recorded``: the verdicts a map
+    read back recorded (:func:`read_map`), kept; ``beside``: where the map of another precision set
+    beside this one is (:func:`scalelong.studies.sweep.beside.beside_record`), so a rebuild finds it."""
 
     def number(x: float) -> float | None:
         return x if math.isfinite(x) else None  # JSON has no NaN
@@ -92,6 +99,10 @@ def write_map_json(
             "fp16_headroom_least": [number(x) for x in c.values("fp16_headroom")],
             "digits_confident": [number(x) for x in c.values("confident")],
             "digits_entropy": [number(x) for x in c.values("entropy")],
+            "precision": [r.precision or None for r in c.runs],
+            "overflow_steps": [number(x) for x in c.values("overflow_steps")],
+            "nonfinite_steps": [number(x) for x in c.values("nonfinite_steps")],
+            "last_skipped": [r.last_skipped or None for r in c.runs],
             "failed": [
                 [{"criterion": d.criterion, "step": d.step, "detail": d.detail} for d in b] for b in c.breaks
             ],
@@ -110,6 +121,8 @@ def write_map_json(
     data = {"metric": key, "rule": DEFAULT_RULE.describe(), "cells": rows, "paired": paired_json(cells)}
     if len({c.cell.lr for c in cells}) > 1:  # a basin needs two lrs (basin_section)
         data |= {"basin_weights": "ema (lr_sensitivity_raw: the trained weights)", "basin": basin_json(found)}
+    if beside:
+        data["beside"] = dict(beside)
     write_text_atomic(path, json.dumps(data, indent=1) + "\n")
     return path
 
@@ -181,12 +194,13 @@ def read_map(path: Path) -> tuple[list[CellSummary], list[str], dict[tuple, list
         seeds = []
         for i, s in enumerate(row["seed"]):
             values = {field: _value(row[col][i]) for col, field in COLUMNS.items() if col in row}
+            text = {field: str(row[col][i] or "") for col, field in TEXT_COLUMNS.items() if col in row}
             if metric == "fd" and "final_fd" in row:
                 values["final_fd"] = _value(row["final_fd"][i])
             breaks = judge(
                 recorded[i], values.get("x0_error", math.nan), values.get("x0_mean_image", math.nan)
             )
-            seeds.append(SeedSummary(seed=s, breaks=breaks, **values))
+            seeds.append(SeedSummary(seed=s, breaks=breaks, **values, **text))
             recorded_by_run[(cell.depth, cell.lr, cell.method, s)] = list(recorded[i])
         cells.append(CellSummary(cell, seeds, metric))
     return cells, lacking, recorded_by_run

@@ -13,6 +13,7 @@ from scalelong.studies.provenance import provenance_section, write_runs_json
 from scalelong.studies.report import digit_legend, has_digits, seeds_note, write_markdown_report
 from scalelong.studies.summary import Cell, CellSummary, StudyRun, broken_runs, summarise_cells
 from scalelong.studies.sweep.basin import basin_section, basin_table, basins
+from scalelong.studies.sweep.beside import Beside, beside_record, beside_section, sweep_precision
 from scalelong.studies.sweep.figures import draw_map, fig1_section, figure_lr
 from scalelong.studies.sweep.length import length_section
 from scalelong.studies.sweep.mapfile import write_map_json
@@ -59,6 +60,7 @@ def write_sweep_report(
     cells: Sequence[CellSummary] | None = None,
     extra: Sequence[str] = (),
     recorded: Mapping[tuple, list[dict]] | None = None,
+    beside: Beside | None = None,
 ) -> tuple[Path, str]:
     """report.md, one heatmap per depth, the paper's Fig. 1 by depth at ``fig1_lr`` (None: the
     smallest lr; :func:`~scalelong.studies.sweep.figures.fig1_section`), report.html, map.json and
@@ -66,7 +68,9 @@ def write_sweep_report(
     Without ``runs`` (their folders are gone), from ``cells`` alone
     (:func:`scalelong.studies.sweep.mapfile.read_map`): the sections that need the runs' records
     (Fig. 1, the gap by length, runs.json) are left out, and ``extra`` sections (what the map
-    lacks, the agreement of rules) follow the tables."""
+    lacks, the agreement of rules) follow the tables. ``beside``: the map of the same grid in another
+    precision, set beside this one (:func:`scalelong.studies.sweep.beside.beside_section`) and
+    recorded in map.json."""
     sweep_dir.mkdir(parents=True, exist_ok=True)
     key, metric = (names.FD, f"FD ({base.eval.metric})") if base.eval.every > 0 else (names.LOSS, "loss")
     if cells is None:
@@ -111,6 +115,8 @@ def write_sweep_report(
         if len(mine[0].grid) > 1 and any(b.logged("ema") for b in mine):
             label = "lr basin" + ("" if depth is None else f", depth {depth}")
             tables.append(f"{label}:\n\n{basin_table(mine)}")
+    if beside is not None:
+        parts += beside_section(cells, sweep_precision(cells, base.train.mixed_precision), beside, sweep_dir)
     if runs is not None:
         parts += fig1_section(runs, sweep_dir, fig1_lr)
         if (lr := figure_lr(runs, fig1_lr)) is not None:
@@ -119,6 +125,7 @@ def write_sweep_report(
         if broken:
             parts += ["## Runs that failed", "\n".join(broken)]
         write_runs_json(base, runs, sweep_dir / "runs.json")
-    write_map_json(cells, sweep_dir / "map.json", key, found, recorded)
+    record = beside_record(beside, sweep_dir) if beside is not None else None
+    write_map_json(cells, sweep_dir / "map.json", key, found, recorded, record)
     report = write_markdown_report("\n\n".join(parts) + "\n", sweep_dir, "ScaleLong stability map")
     return report, "\n\n".join(tables)

@@ -135,22 +135,35 @@ def fig1_table(cells: Sequence[CellSummary]) -> str:
     return "\n".join(lines)
 
 
-def cause_section(cells: Sequence[CellSummary]) -> list[str]:
-    """The report's failures by cause: per cell that had any, how many runs failed by each cause
-    (:func:`scalelong.studies.divergence.cause`: the criterion, and for a run stopped on non-finite
-    steps the module where its last skipped step overflowed). Empty without a failure."""
+# How to read a cause of the failures-by-cause tables.
+CAUSES_READ = (
+    "Each failed run once, by its first criterion: `x0` (it ended no better than the mean image), "
+    "`loss` (runs without a held-out error), `nonfinite` with where its last skipped step went "
+    "non-finite (`fp16 overflow in forward at MODULE`, a gradient overflow, or a non-finite output "
+    "fp32 shows too)."
+)
+
+
+def cause_table(cells: Sequence[CellSummary], precision: str = "") -> str:
+    """Per cell that had any failure, how many runs failed by each cause
+    (:func:`scalelong.studies.divergence.cause`), one row a cause; ``precision`` names the runs' in
+    the header. Empty without a failure."""
     rows = []
     for c in sorted(cells, key=lambda c: (c.cell.depth or 0, method_order(c.cell.method), c.cell.lr)):
         for why, n in sorted(causes(c.breaks).items()):
             depth = "" if c.cell.depth is None else str(c.cell.depth)
             rows.append(f"| {depth} | {c.cell.lr:g} | {c.cell.method} | {why} | {n}/{c.count} |")
     if not rows:
+        return ""
+    cause = f"cause ({precision})" if precision else "cause"
+    return f"| depth | lr | method | {cause} | runs |\n|---|---|---|---|---|\n" + "\n".join(rows)
+
+
+def cause_section(cells: Sequence[CellSummary]) -> list[str]:
+    """The report's failures by cause: per cell that had any, how many runs failed by each cause
+    (:func:`cause_table`: the criterion, and for a run stopped on non-finite steps the module where
+    its last skipped step overflowed). Empty without a failure."""
+    table = cause_table(cells)
+    if not table:
         return []
-    return [
-        "## Failures by cause",
-        "Each failed run once, by its first criterion: `x0` (it ended no better than the mean image), "
-        "`loss` (runs without a held-out error), `nonfinite` with where its last skipped step went "
-        "non-finite (`fp16 overflow in forward at MODULE`, a gradient overflow, or a non-finite output "
-        "fp32 shows too).",
-        "| depth | lr | method | cause | runs |\n|---|---|---|---|---|\n" + "\n".join(rows),
-    ]
+    return ["## Failures by cause", CAUSES_READ, table]
