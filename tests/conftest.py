@@ -1,4 +1,5 @@
 import os
+from pathlib import Path
 
 # One thread for torch, OpenMP and BLAS, here and in every subprocess a test starts: the models
 # are tiny, and on a shared machine spinning worker threads cost more than they bring.
@@ -10,11 +11,16 @@ import torch  # noqa: E402
 
 torch.set_num_threads(1)
 
+# The tests sit in folders that mirror src/scalelong; this folder holds what they share (this
+# module, the *_fixtures modules, the scripts run by path) and is on sys.path for all of them.
+TESTS = Path(__file__).resolve().parent
+REPO = TESTS.parent
+
 
 @pytest.fixture(autouse=True)
 def _seed_and_threads():
-    # Every test starts from one thread: a benchmark's main() run in-process sets its own count, and
-    # a later test comparing numbers across processes (tests/test_cluster.py) must not inherit it.
+    # Every test starts from one thread: a benchmark's main() run in-process sets its own count, and a
+    # later test comparing numbers across processes (tests/studies/test_cluster.py) must not inherit it.
     torch.manual_seed(0)
     torch.set_num_threads(1)
     yield
@@ -22,7 +28,8 @@ def _seed_and_threads():
 
 # The demo preset trains in bf16 on two CPU processes; the tests run its network in fp32 in this
 # process, where exact comparisons (resume, micro-batches, two processes against one) hold to 1e-5.
-# tests/test_fast_paths.py and tests/test_uvit_bf16.py test the bf16 path itself.
+# tests/training/test_train_fast_paths.py and tests/models/test_uvit_bf16.py test the bf16 path
+# itself.
 FP32_ONE_PROCESS = ["train.mixed_precision=no", "train.cpu_processes=1"]
 
 
@@ -104,3 +111,36 @@ def tiny_cpu_config(tmp_path, name: str, *extra: str):
         *extra,
     ]
     return load_config("configs/demo.yaml", overrides)
+
+
+def run_cli(capsys, *args) -> tuple[int, str, str]:
+    """``scalelong ARGS`` in this process (each argument as ``str``): its exit code, stdout and
+    stderr, read off ``capsys``."""
+    from scalelong.cli import main
+
+    code = main([str(a) for a in args])
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def run_cli_on_cpu(capsys, *args) -> tuple[int, str, str]:
+    """:func:`run_cli` with ``--no-progress --device cpu`` after ARGS: the commands that draw from a
+    run (``sample``, ``eval``) as the tests run them."""
+    return run_cli(capsys, *args, "--no-progress", "--device", "cpu")
+
+
+def assert_bitwise_equal(a, b, where: str = "") -> None:
+    """Two states (tensors, or dicts, lists and tuples of them) equal bit for bit: the resume tests'
+    check; ``where`` names the entry that differs."""
+    if isinstance(a, torch.Tensor):
+        assert torch.equal(a, b), where
+    elif isinstance(a, dict):
+        assert a.keys() == b.keys(), where
+        for k in a:
+            assert_bitwise_equal(a[k], b[k], f"{where}.{k}")
+    elif isinstance(a, list | tuple):
+        assert len(a) == len(b), where
+        for i, (x, y) in enumerate(zip(a, b, strict=True)):
+            assert_bitwise_equal(x, y, f"{where}[{i}]")
+    else:
+        assert a == b, where

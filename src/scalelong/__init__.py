@@ -92,7 +92,7 @@ __all__ = [
     "robustness",
     "save_scalelong",
     "skip_coefficients",
-]  # the keys of _LAZY (tests/test_imports.py checks)
+]  # the keys of _LAZY (tests/product/test_imports.py checks)
 
 
 def __getattr__(name: str):
