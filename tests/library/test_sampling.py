@@ -16,7 +16,6 @@ import torch
 from scalelong.diffusion import VPSDE, DiscreteDDPM
 from scalelong.errors import ScaleLongError
 from scalelong.sampling import DIFFUSERS_SCHEDULERS, SAMPLERS, generate, randn
-from scalelong.training.config import SAMPLER_NAMES
 
 MU, S, TOL = 0.3, 0.5, 0.02
 # enough steps for each solver's discretisation error to sit well inside TOL
@@ -113,10 +112,6 @@ def test_generate_is_batch_independent_and_class_conditional() -> None:
 def test_unknown_sampler_is_a_user_error() -> None:
     with pytest.raises(ScaleLongError, match="unknown sampler"):
         generate(_Gaussian(VPSDE()), VPSDE(), "heun", 10, [0], (1, 4, 4))
-
-
-def test_the_config_knows_every_sampler_by_name() -> None:
-    assert tuple(SAMPLERS) == SAMPLER_NAMES
 
 
 @pytest.mark.parametrize("sampler", list(SAMPLERS))

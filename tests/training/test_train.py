@@ -5,11 +5,10 @@ import torch
 from safetensors.torch import load_file
 
 from conftest import tiny_uvit_overrides
-from scalelong.errors import ScaleLongError
 from scalelong.training.build import build_model
 from scalelong.training.config import load_config
 from scalelong.training.runs import RunDir
-from scalelong.training.train import micro_batch_size, train
+from scalelong.training.train import train
 
 
 def test_30_steps_lower_the_loss(tmp_path):
@@ -148,16 +147,6 @@ def test_grad_accum_4_micro_batches_of_8_equal_one_batch_of_32_through_resume(tm
     assert "resuming" in capsys.readouterr().out
     straight = run("one", "train.steps=7")
     assert records(more)[7]["loss"] == pytest.approx(records(straight)[7]["loss"], rel=1e-4)
-
-
-def test_grad_accum_must_divide_the_batch():
-    with pytest.raises(ScaleLongError, match=r"^train.batch_size=32 must be divisible by train.grad_accum=3"):
-        load_config("configs/demo.yaml", ["train.grad_accum=3"])
-    with pytest.raises(ScaleLongError, match="train.grad_accum must be > 0"):
-        load_config("configs/demo.yaml", ["train.grad_accum=0"])
-    assert micro_batch_size(1024, 8, 4) == 32
-    with pytest.raises(ScaleLongError, match=r"^train.batch_size=32 must be divisible by 3 process\(es\) x "):
-        micro_batch_size(32, 3, 2)
 
 
 def test_a_run_is_evaluated_at_its_last_step_too():

@@ -171,24 +171,6 @@ def test_bf16_sampling_scores_close_to_fp32(monkeypatch):
     assert 0 < rel < 0.05, rel
 
 
-def test_fast_path_keys_are_validated_at_the_edge():
-    import pytest
-
-    from scalelong.errors import ScaleLongError
-
-    with pytest.raises(
-        ScaleLongError,
-        match=r"optim.implementation='fast' is not supported; choose one of default, foreach, fused",
-    ):
-        load_config("configs/demo.yaml", ["optim.implementation=fast"])
-    with pytest.raises(
-        ScaleLongError, match=r"eval.mixed_precision='fp8' is not supported; choose one of no, fp16, bf16"
-    ):
-        load_config("configs/demo.yaml", ["eval.mixed_precision=fp8"])
-    assert load_config("configs/demo.yaml", ["eval.mixed_precision=no"]).eval.mixed_precision == "no"
-    assert load_config("configs/demo.yaml", ["eval.mixed_precision=fp16"]).eval.mixed_precision == "fp16"
-
-
 def test_bf16_sampling_on_a_cpu_without_bf16_runs_in_fp32_and_says_so_once(tmp_path, monkeypatch, capsys):
     # emulated bf16 ran the demo's evaluations ~10x slower than fp32 on an AVX2-only CPU
     from scalelong.training import launch
