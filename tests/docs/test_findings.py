@@ -11,14 +11,14 @@ import json
 import re
 import sys
 from functools import cache
-from pathlib import Path
 
 import pytest
 
+from conftest import REPO
 from scalelong.studies.sweep.mapfile import read_map
 from scalelong.studies.sweep.paired import outcomes
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = REPO
 RESULTS = ROOT / "docs" / "results"
 METHODS = ("none", "cs", "ls", "skip-norm", "merge-norm", "cs-init")
 

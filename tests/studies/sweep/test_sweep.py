@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import learning_uvit_overrides
+from conftest import TESTS, learning_uvit_overrides
 from scalelong.cli import main
 from scalelong.errors import ScaleLongError
 from scalelong.studies.divergence import Divergence
@@ -173,7 +173,7 @@ def start_waiting_sweep(tmp_path, methods: str = "none,cs") -> tuple[subprocess.
     """A sweep of ``methods`` on --jobs 2 whose runs wait after their step-3 checkpoint; returns the
     process, the directories of the first two runs and the pids of its workers once both wait."""
     overrides = [*learning_uvit_overrides(tmp_path), "train.checkpoint_every=3", "train.log_every=3"]
-    command = [sys.executable, str(Path(__file__).with_name("run_until_killed.py")), "3", "sweep"]
+    command = [sys.executable, str(TESTS / "run_until_killed.py"), "3", "sweep"]
     command += ["configs/demo.yaml", *overrides, "--methods", methods, "--lrs", "1e-3", "--depths", "4"]
     env = dict(os.environ, OMP_NUM_THREADS="1", MKL_NUM_THREADS="1")
     proc = subprocess.Popen([*command, "--jobs", "2", "--no-progress"], env=env, text=True,
