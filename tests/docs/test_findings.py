@@ -188,7 +188,7 @@ def test_the_long_run():
     h = [f"{v:.2g}" for v in none.values("fp16_headroom")]
     merge = cells[12, 0.01, "merge-norm"].values("fp16_headroom")[0]
     quote = (
-        f"`none` peaks above fp16's 65,504 in both seeds (headroom {h[0]}, {h[1]}), `cs` keeps "
+        f"`none` peaks above fp16's 65,504, headroom {h[0]} and {h[1]}; `cs` "
         f"{cs.values('fp16_headroom')[0]:.2g}x, `merge-norm` {merge:.0f}x"
     )
     assert_quoted("README.md", quote)
@@ -236,13 +236,16 @@ def paired_sentence() -> str:
         if row["mcnemar_p"] < 0.05 and failed["cs"] < failed["none"] and n >= 5
         else "no rescue by the criterion stated before the runs"
     )
+    # an interval that spans 1 (a ratio) or 0 (a difference) is no evidence of a gap: the sentence says so
+    headroom = "no evidence of a gap" if h["low"] <= 1 <= h["high"] else "a gap"
+    x0 = "no evidence of a gap" if d["low"] <= 0 <= d["high"] else "a gap"
     return (
         f"`none` failed on {failed['none']}/{n} seeds and `cs` on {failed['cs']}/{n}: both on "
         f"{row['both_failed']}, only `none` on {row['only_none_failed']}, only `cs` on "
         f"{row['only_method_failed']} (McNemar p = {row['mcnemar_p']:.2g}), {verdict}. Among the "
-        f"{row['both_trained']} seeds where both trained, `cs` keeps {h['estimate']:.2g}x `none`'s least "
-        f"fp16 headroom ({h['low']:.2g} to {h['high']:.2g}) and its held-out x0 error differs by "
-        f"{d['estimate']:+.4f} ({d['low']:+.3f} to {d['high']:+.3f})"
+        f"{row['both_trained']} seeds where both trained, `cs`'s least fp16 headroom is {h['estimate']:.2g}x "
+        f"`none`'s ({h['low']:.2g} to {h['high']:.2g}: {headroom}) and its held-out x0 error differs by "
+        f"{d['estimate']:+.4f} ({d['low']:+.3f} to {d['high']:+.3f}: {x0})"
     )
 
 
@@ -255,4 +258,5 @@ def test_the_paired_test_as_quoted():
     assert_quoted("README.md", sentence)
     assert_quoted("docs/studies.md", sentence)
     n = data["paired"][0]["shared_seeds"]
-    assert_quoted("README.md", f"{n} of the 20 seeds run")
+    assert_quoted("README.md", f"at 2e-2 on {n} paired seeds")
+    assert_quoted("docs/studies.md", f"({n} of the 20 seeds")
