@@ -210,6 +210,18 @@ def cmd_analyze(args: argparse.Namespace) -> int:
     return 0
 
 
+def _add_study_run_args(p: argparse.ArgumentParser) -> None:
+    """What ``compare`` and ``sweep`` share after their own options: ``--dry-run``, where and how
+    their runs train, and the progress lines."""
+    p.add_argument(
+        "--dry-run",
+        action="store_true",
+        help="check every run, print them and the resolved config of the first, then exit (nothing written)",
+    )
+    _add_execution_args(p)
+    p.add_argument("--no-progress", action="store_true", help="no progress bars")
+
+
 def _add_execution_args(p: argparse.ArgumentParser) -> None:
     """Where a study's runs train: this machine (``--jobs``, ``--gpus-per-run``) or a cluster."""
     p.add_argument(
@@ -277,13 +289,7 @@ def add_commands(sub) -> None:
     )
     p.add_argument("--seeds", type=at_least(1), default=1, help="seeds per method, from train.seed on")
     p.add_argument("--out", default=None, help="report folder (default: <out_dir>/<name>-compare)")
-    p.add_argument(
-        "--dry-run",
-        action="store_true",
-        help="check every run, print them and the resolved config of the first, then exit (nothing written)",
-    )
-    _add_execution_args(p)
-    p.add_argument("--no-progress", action="store_true", help="no progress bars")
+    _add_study_run_args(p)
     p.set_defaults(func=cmd_compare)
 
     p = sub.add_parser(
@@ -315,13 +321,7 @@ def add_commands(sub) -> None:
         "the two side by side (basin, failures by cause, fp16 headroom against fp16 overflows); "
         "map.json records it, so --report-only finds it again",
     )
-    p.add_argument(
-        "--dry-run",
-        action="store_true",
-        help="check every run, print them and the resolved config of the first, then exit (nothing written)",
-    )
-    _add_execution_args(p)
-    p.add_argument("--no-progress", action="store_true", help="no progress bars")
+    _add_study_run_args(p)
     p.set_defaults(func=cmd_sweep)
 
     p = sub.add_parser(
