@@ -24,7 +24,7 @@ from benchmarks.harness import markdown_table, write_result
 from scalelong.data import embedded_mnist
 from scalelong.metrics.frechet import fd_mnist_features, fd_of_images, mnist_reference_stats
 from scalelong.sampling import network_evaluations
-from scalelong.training.evaluation import fd_of_model
+from scalelong.training.evaluation import score_model
 from scalelong.training.runs import RunDir
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -77,7 +77,7 @@ def main(argv: list[str] | None = None) -> None:
     rows, results = [], {}
     for sampler, steps in runs:
         t0 = time.perf_counter()
-        fd = fd_of_model(model, cfg, features, ref, n, sampler, steps)
+        fd = score_model(model, cfg, features, ref, n, sampler, steps).fd
         seconds = time.perf_counter() - t0
         nfe = network_evaluations(sampler, steps)
         results[f"{sampler}-{steps}"] = {"fd_mnist": fd, "nfe": nfe, "seconds": seconds}

@@ -24,5 +24,5 @@ if __name__ == "__main__":
     folder, argv = Path(sys.argv[1]), sys.argv[2:]
     folder.mkdir(parents=True, exist_ok=True)
     evaluation = scalelong.training.evaluation
-    evaluation.sample_features = recording(evaluation.sample_features, folder)  # what fd_of_model calls
+    evaluation.sample_features = recording(evaluation.sample_features, folder)  # what score_model calls
     run(argv)

@@ -273,24 +273,6 @@ def score_model(
     return SampleScore(fd, digit_score_of_features(torch.as_tensor(feats)) if digits else None)
 
 
-def fd_of_model(
-    model: nn.Module,
-    cfg: Config,
-    features: FeatureFn,
-    ref: tuple[np.ndarray, np.ndarray],
-    n: int,
-    sampler: str | None = None,
-    steps: int | None = None,
-    device: torch.device | str = "cpu",
-    progress: bool = False,
-    accelerator=None,
-) -> float | None:
-    """Fréchet distance of ``n`` samples of ``model`` to ``ref`` (:func:`score_model` without the digit
-    score); None on processes other than the main one."""
-    score = score_model(model, cfg, features, ref, n, sampler, steps, device, progress, accelerator)
-    return None if score is None else score.fd
-
-
 def digit_record(score: dict | None) -> dict:
     """The digit score as flat metrics-log entries (``digits/confident``, ``digits/entropy``)."""
     if score is None:
@@ -333,7 +315,7 @@ class TrainingEvaluator:
     ``cfg.eval.final_num_samples`` samples and, on the main process, writes and returns
     ``{"best_step", "fd", "fd_metric", "fd_samples", "fd_at_eval", ...}`` to
     ``run_dir/eval_final.json`` (None on the others). With an ``accelerator`` of several processes
-    the samples are split over them (see :func:`fd_of_model`).
+    the samples are split over them (see :func:`score_model`).
     Config keys: ``eval.every, num_samples, metric, fid_stats, inception_weights, sampler, steps,
     batch_size, final_num_samples``.
 
@@ -771,7 +753,6 @@ __all__ = [
     "choose_captions",
     "compute_reference_stats",
     "evaluate_run",
-    "fd_of_model",
     "first_evaluation_seed",
     "is_text_to_image",
     "reference",
