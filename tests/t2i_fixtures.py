@@ -107,3 +107,25 @@ def tiny_coco_features(root: Path, resolution: int = 32) -> Path:
         images, captions, out, tiny_autoencoder(), tokenizer, text, resolution=resolution, progress=False
     )
     return out
+
+
+def save_tiny_clip_model(folder: Path, image_size: int = 24, seed: int = 7) -> Path:
+    """A tiny CLIP model (``CLIPModel`` with its ``CLIPProcessor``: the tiny tokenizer, images resized
+    and centre-cropped to ``image_size``), randomly initialised from ``seed``, saved to ``folder`` with
+    save_pretrained, as ``scalelong eval --clip`` loads it. Seed 7: the cosines of the tiny run's first
+    4 evaluation samples with their captions have both signs, so a score that fails to clamp shows."""
+    from transformers import CLIPConfig, CLIPImageProcessor, CLIPModel, CLIPProcessor
+
+    folder.mkdir(parents=True)
+    tokenizer, vocab = tiny_tokenizer(folder)
+    torch.manual_seed(seed)
+    text = dict(vocab_size=len(vocab), max_position_embeddings=77, bos_token_id=vocab["<|startoftext|>"],
+                eos_token_id=vocab["<|endoftext|>"], pad_token_id=vocab["<|endoftext|>"])  # fmt: skip
+    tiny = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=2)
+    vision = dict(image_size=image_size, patch_size=8)
+    cfg = CLIPConfig(text_config={**text, **tiny}, vision_config={**vision, **tiny}, projection_dim=16)
+    CLIPModel(cfg).save_pretrained(folder)
+    side = {"height": image_size, "width": image_size}
+    images = CLIPImageProcessor(size={"shortest_edge": image_size}, crop_size=side)
+    CLIPProcessor(image_processor=images, tokenizer=tokenizer).save_pretrained(folder)
+    return folder

@@ -10,7 +10,13 @@ import torch
 
 from conftest import run_cli
 from scalelong.cli import main
-from t2i_fixtures import fake_coco, save_tiny_encoders, save_tiny_t2i_run, tiny_coco_features
+from t2i_fixtures import (
+    fake_coco,
+    save_tiny_clip_model,
+    save_tiny_encoders,
+    save_tiny_t2i_run,
+    tiny_coco_features,
+)
 
 pytest.importorskip("transformers")
 pytest.importorskip("diffusers")
@@ -175,7 +181,7 @@ def test_eval_of_a_t2i_run_refuses_bad_input_in_one_line_and_writes_nothing(
     )
 
 
-def test_captions_given_to_a_run_that_is_not_text_to_image_are_refused(tmp_path, capsys):
+def test_captions_or_clip_given_to_a_run_that_is_not_text_to_image_are_refused(tmp_path, capsys):
     from scalelong.training.build import build_model
     from scalelong.training.checkpoint import save_checkpoint
     from scalelong.training.config import config_to_dict, load_config, save_config
@@ -190,6 +196,115 @@ def test_captions_given_to_a_run_that_is_not_text_to_image_are_refused(tmp_path,
     rc, _, err = eval_cli(capsys, cfg, "--n", 2, "--captions", val_captions(tmp_path), "--metric", "fd-mnist")
     assert rc == 2 and err.count("\n") == 1 and "not a text-to-image run" in err, err
     assert not (cfg.run_dir / "eval").exists()
+    clip = save_tiny_clip_model(tmp_path / "clip-score")
+    capsys.readouterr()
+    rc, _, err = eval_cli(capsys, cfg, "--n", 2, "--clip", clip, "--metric", "fd-mnist")
+    assert rc == 2 and err.count("\n") == 1 and "not a text-to-image run" in err and "--clip" in err, err
+    assert not (cfg.run_dir / "eval").exists()
+
+
+# ----------------------------------------------------------------------------- CLIP score
+
+
+def clip_cosines(folder, images: torch.Tensor, captions: list[str]) -> torch.Tensor:
+    """The cosine of each image's CLIP embedding with its caption's, computed apart from scalelong:
+    the images as PNGs of them hold them (PIL images), embedded by ``CLIPModel``'s own forward."""
+    from PIL import Image
+    from transformers import CLIPModel, CLIPProcessor
+
+    model = CLIPModel.from_pretrained(folder, local_files_only=True).eval()
+    processor = CLIPProcessor.from_pretrained(folder, local_files_only=True)
+    pixels = ((images.clamp(-1, 1) + 1) * 127.5).round().to(torch.uint8).permute(0, 2, 3, 1).numpy()
+    inputs = processor(text=captions, images=[Image.fromarray(p) for p in pixels], return_tensors="pt",
+                       padding=True)  # fmt: skip
+    with torch.no_grad():
+        out = model(**inputs)
+    return (out.image_embeds * out.text_embeds).sum(-1)  # CLIPModel's embeddings are unit vectors
+
+
+def test_eval_with_clip_records_the_clip_score_of_each_sample_with_its_caption(
+    t2i_run, tmp_path, capsys, monkeypatch
+):
+    import sys
+
+    import scalelong.training.t2i as t2i
+
+    cfg, captions, stats, _ = t2i_run
+    clip = save_tiny_clip_model(tmp_path / "clip-score")
+    decoded: list[torch.Tensor] = []  # the samples as the autoencoder decodes them, in seed order
+    decode = t2i.decode_latents
+    monkeypatch.setattr(t2i, "decode_latents", lambda *a, **k: decoded.append(decode(*a, **k)) or decoded[-1])
+    monkeypatch.delitem(sys.modules, "scalelong.metrics.clip_score", raising=False)
+    capsys.readouterr()
+    args = ["--n", 4, "--captions", captions, "--fid-stats", stats]
+    rc, out, err = eval_cli(capsys, cfg, *args)
+    assert rc == 0, err
+    (path,) = (cfg.run_dir / "eval").iterdir()
+    plain = json.loads(path.read_text())
+    assert "clip_score" not in plain and "clip_model" not in plain and "CLIP" not in out
+    assert "scalelong.metrics.clip_score" not in sys.modules  # off by default: nothing of CLIP loaded
+    decoded.clear()
+    rc, out, err = eval_cli(capsys, cfg, *args, "--clip", clip)
+    assert rc == 0, err
+    record = json.loads(path.read_text())
+    assert record["clip_model"] == str(clip) and record["fd"] == plain["fd"]
+    cos = clip_cosines(clip, torch.cat(decoded), record["captions_sampled"])
+    assert len(cos) == 4 and (cos > 0).any() and (cos < 0).any()  # so max(cos, 0) and cos differ here
+    assert record["clip_score"] == pytest.approx((100 * cos.clamp(min=0)).mean().item(), rel=1e-5)
+    assert f"CLIP score {record['clip_score']:.2f}" in out
+
+
+def test_the_clip_score_of_samples_split_over_processes_is_that_of_one_process(
+    t2i_run, tmp_path, monkeypatch
+):
+    import accelerate.utils
+
+    from scalelong.metrics.clip_score import load_clip_score
+    from scalelong.training.evaluation import caption_sampling, read_caption_list, score_model
+    from scalelong.training.runs import load_model
+
+    cfg, captions, _, _ = t2i_run
+    clip = load_clip_score(save_tiny_clip_model(tmp_path / "clip-score"))
+    ema = load_model(cfg.run_dir / "checkpoints" / "step-000001", cfg.model, "ema")
+    sampling = caption_sampling(cfg, read_caption_list(captions), 5)
+    ref = (np.zeros(3), np.eye(3))
+
+    def score(accelerator=None):
+        return score_model(ema, cfg, lambda x: x.mean((2, 3)), ref, 5, accelerator=accelerator,
+                           captions=sampling, clip=clip)  # fmt: skip
+
+    one = score()
+    shares: list = []  # process 1 draws first; the main process gathers both shares in rank order
+    monkeypatch.setattr(accelerate.utils, "gather_object", lambda share: shares.extend(share) or shares[::-1])
+    assert score(ProcessShare(1)) is None
+    two = score(ProcessShare(0))
+    assert len(shares) == 2 and [len(s) for s in shares] == [3, 2]
+    assert two.clip == pytest.approx(one.clip, rel=1e-6) and two.fd == pytest.approx(one.fd, rel=1e-6)
+
+
+def test_eval_with_clip_refuses_a_folder_that_is_not_a_clip_model_in_one_line(t2i_run, tmp_path, capsys):
+    cfg, captions, stats, _ = t2i_run
+    clip = save_tiny_clip_model(tmp_path / "clip-score")
+    no_processor = tmp_path / "clip-model-only"
+    no_processor.mkdir()
+    for name in ("config.json", "model.safetensors"):
+        (no_processor / name).write_bytes((clip / name).read_bytes())
+    (tmp_path / "empty").mkdir()
+    capsys.readouterr()
+
+    def refused(folder, match):
+        rc, out, err = eval_cli(
+            capsys, cfg, "--n", 2, "--captions", captions, "--fid-stats", stats, "--clip", folder
+        )
+        assert rc == 2 and err.count("\n") == 1 and err.startswith("error: ") and match in err, err
+        assert not (cfg.run_dir / "eval").exists()
+
+    refused(tmp_path / "nowhere", match="CLIP model folder not found")
+    refused(clip / "config.json", match="CLIP model folder not found")
+    refused(tmp_path / "empty", match="not a CLIP model")
+    refused(tmp_path / "clip", match="not a CLIP model")  # a CLIP text encoder alone
+    refused(tmp_path / "vae", match="not a CLIP model")
+    refused(no_processor, match="not a CLIP model")
 
 
 # ----------------------------------------------------------------------------- during training

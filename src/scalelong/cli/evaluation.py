@@ -82,6 +82,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
         args.inception_weights, args.batch_size, resolve_device(args.device), not args.no_progress,
         weights=args.weights, mixed_precision=args.mixed_precision, captions=args.captions,
         guidance_scale=args.guidance_scale, text_encoder=args.text_encoder, autoencoder=args.autoencoder,
+        clip=args.clip,
     )  # fmt: skip
     print(score_line(r, r["checkpoint"], r.get("digits"), r.get("digits_real")))
     return 0
@@ -177,5 +178,11 @@ def add_commands(sub) -> None:
     )
     p.add_argument("--text-encoder", help="text-to-image runs: hub id or local folder; default: the run's")
     p.add_argument("--autoencoder", help="text-to-image runs: hub id or local folder; default: the run's")
+    p.add_argument(
+        "--clip",
+        metavar="PATH",
+        help="text-to-image runs: also the mean CLIP score of the samples with their captions, by the CLIP "
+        "model saved in this local folder (CLIPModel and CLIPProcessor, save_pretrained)",
+    )
     _add_device_args(p)
     p.set_defaults(func=cmd_eval)

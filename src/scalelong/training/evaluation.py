@@ -23,6 +23,7 @@ import math
 import time
 from collections.abc import Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
@@ -53,6 +54,9 @@ from scalelong.training.checkpoint import DamagedCheckpoint
 from scalelong.training.config import HELDOUT_DATASETS, Config, EvalConfig
 from scalelong.training.launch import bf16_runs_natively, bf16_where_it_pays
 from scalelong.training.runs import RunDir, load_model, writer_of
+
+if TYPE_CHECKING:
+    from scalelong.metrics.clip_score import ClipScore
 
 EVAL_SEED_OFFSET = 1_000_003  # evaluation noise never coincides with the training noise streams
 
@@ -142,10 +146,14 @@ class CaptionSampling:
     guidance_scale: float
     latent_scale: float
 
+    def texts(self, seeds: Sequence[int]) -> list[str]:
+        """The caption each of ``seeds`` shows."""
+        return [self.captions[s - self.base] for s in seeds]
+
     def draw(self, model, schedule, sampler, steps, seeds, shape, device) -> torch.Tensor:
         from scalelong.training.t2i import decode_latents, encode_prompts, generate_from_context
 
-        texts = [self.captions[s - self.base] for s in seeds]
+        texts = self.texts(seeds)
         context = encode_prompts(texts, self.tokenizer, self.text_encoder, device)
         null = encode_prompts([""], self.tokenizer, self.text_encoder, device)[0]
         scale = self.guidance_scale
@@ -191,9 +199,15 @@ def sample_features(
     device: torch.device | str,
     progress: bool = False,
     captions: CaptionSampling | None = None,
+    clip: ClipScore | None = None,
 ) -> torch.Tensor:
     """Features (N, D) of images drawn from ``model`` with one seed per image; labels cycle over classes
-    (text-to-image runs: ``captions`` gives each seed its caption and decodes the latents)."""
+    (text-to-image runs: ``captions`` gives each seed its caption and decodes the latents).
+
+    With ``clip`` (and ``captions``) each row ends with one more column, the CLIP score of the image
+    with its caption, so the scores go wherever the features go (gathered over processes)."""
+    if clip is not None and captions is None:
+        raise ValueError("the CLIP score needs the captions of the samples")
     from tqdm import tqdm
 
     schedule, shape = build_schedule(cfg.diffusion), model_input_shape(cfg.model)
@@ -211,7 +225,11 @@ def sample_features(
                 images = captions.draw(model, schedule, sampler, steps, chunk, shape, device)
             else:
                 images = generate(model, schedule, sampler, steps, chunk, shape, labels, device)
-        out.append(features(images.float()))
+        feats = features(images.float())
+        if clip is not None:  # in fp32, outside the sampler's autocast, as the features
+            scores = clip(images.float(), captions.texts(chunk)).to(feats)
+            feats = torch.cat([feats, scores[:, None]], 1)
+        out.append(feats)
     return torch.cat(out)
 
 
@@ -221,6 +239,7 @@ class SampleScore:
 
     fd: float  # Fréchet distance to the reference statistics
     digits: dict | None = None  # scalelong.metrics.fd_mnist.digit_score of the same samples (fd-mnist only)
+    clip: float | None = None  # mean CLIP score of the same samples with their captions (text-to-image)
 
 
 def score_model(
@@ -236,9 +255,11 @@ def score_model(
     accelerator=None,
     digits: bool = False,
     captions: CaptionSampling | None = None,
+    clip: ClipScore | None = None,
 ) -> SampleScore | None:
     """Fréchet distance of ``n`` samples of ``model`` (seeds fixed by the config) to ``ref``, and with
-    ``digits`` (``features`` must then be FD-MNIST's) the digit score of the same samples.
+    ``digits`` (``features`` must then be FD-MNIST's) the digit score of the same samples; with
+    ``clip`` (text-to-image: ``captions`` given) the mean CLIP score of the samples with their captions.
 
     With an ``accelerator`` of several processes (all of them call this), process r draws the
     r-th contiguous share of the seeds; the main process gathers the features and returns the
@@ -260,6 +281,7 @@ def score_model(
             device,
             progress and rank == 0,
             captions,
+            clip,
         )
     if world > 1:
         from accelerate.utils import gather_object
@@ -268,9 +290,12 @@ def score_model(
         if not accelerator.is_main_process:
             return None
         feats = np.concatenate([s for s in shares if s is not None])
+    clip_score = None
+    if clip is not None:  # sample_features' last column: one score per sample, gathered with the features
+        clip_score, feats = float(np.asarray(feats[:, -1], dtype=np.float64).mean()), feats[:, :-1]
     fd = frechet_distance(*feature_stats(feats), *ref)
     # The classifier's head on the features FD-MNIST already holds: the same samples, no second draw.
-    return SampleScore(fd, digit_score_of_features(torch.as_tensor(feats)) if digits else None)
+    return SampleScore(fd, digit_score_of_features(torch.as_tensor(feats)) if digits else None, clip_score)
 
 
 def digit_record(score: dict | None) -> dict:
@@ -642,6 +667,7 @@ def evaluate_run(
     guidance_scale: float | None = None,
     text_encoder: str | None = None,
     autoencoder: str | None = None,
+    clip: str | Path | None = None,
 ) -> dict:
     """Sample ``n`` images of a run's checkpoint and score them; the result goes to ``run_dir/eval/``.
 
@@ -649,7 +675,9 @@ def evaluate_run(
     (captions_val2014.json; default the run's ``eval.captions``); sample i shows caption i of
     :func:`choose_captions` (seeded by the evaluation seed), drawn with classifier-free guidance
     ``guidance_scale`` (default the run's ``t2i.guidance_scale``) and decoded by the autoencoder;
-    ``text_encoder`` and ``autoencoder`` default to the run's ``t2i`` config.
+    ``text_encoder`` and ``autoencoder`` default to the run's ``t2i`` config. ``clip``, a local folder of
+    a CLIP model (:func:`scalelong.metrics.clip_score.load_clip_score`), adds ``clip_score``, the mean
+    CLIP score of the samples with their captions, and ``clip_model`` to the result.
 
     ``mixed_precision`` (``no`` | ``bf16`` | ``fp16``; default: the run's ``eval.mixed_precision``) is the
     precision of the sampler's network forward.
@@ -688,6 +716,15 @@ def evaluate_run(
             f"{run_dir} is a text-to-image run: pass --captions captions_val2014.json (MS-COCO's validation "
             "captions, one drawn for each sample)"
         )
+    if clip is not None and not t2i:
+        raise ScaleLongError(
+            f"{run_dir} is not a text-to-image run; drop --clip (it scores samples by captions)"
+        )
+    clip_score = None
+    if clip is not None:  # read before any sampling: a folder that is not a CLIP model fails now
+        from scalelong.metrics.clip_score import load_clip_score
+
+        clip_score = load_clip_score(clip, device)
     features = feature_fn(metric, device, inception_weights, random_init)
     shape = (3, run_resolution(cfg), run_resolution(cfg)) if t2i else model_input_shape(cfg.model)
     check_reference_fits(fid_stats, ref, features, shape, metric)
@@ -703,7 +740,7 @@ def evaluate_run(
     t0 = time.perf_counter()
     score = score_model(
         model, cfg, features, ref, n, sampler, steps, device, progress, digits=metric == "fd-mnist",
-        captions=sampling,
+        captions=sampling, clip=clip_score,
     )  # fmt: skip
     fd = score.fd
     if not math.isfinite(fd):
@@ -732,6 +769,8 @@ def evaluate_run(
             text_encoder=text_encoder or cfg.t2i.text_encoder,
             autoencoder=autoencoder or cfg.t2i.autoencoder,
         )
+    if score.clip is not None:
+        result.update(clip_score=score.clip, clip_model=str(clip))
     if score.digits is not None:  # beside FD-MNIST: the digit score of the same samples, and of real digits
         result["digits"] = score.digits
         result["digits_real"] = real_digit_score()

@@ -531,10 +531,13 @@ def score_line(
     r: dict, where: str, digits: dict | None = None, real: dict | None = None, places: int = 4
 ) -> str:
     """One evaluation record (``fd``, ``fd_metric``, ``fd_samples``, ...) as one line, with the digit
-    score beside FD-MNIST: what ``scalelong eval`` prints and ``scalelong train`` ends with."""
+    score beside FD-MNIST and the CLIP score where the record holds one: what ``scalelong eval``
+    prints and ``scalelong train`` ends with."""
     how = f"{where}, {r['fd_samples']} samples, {r['fd_sampler']} {r['fd_steps']} steps"
     how += f", {r['fd_precision']}" if r.get("fd_precision") in ("bf16", "fp16") else ""
     line = f"{r['fd_metric']} {r['fd']:.{places}f} ({how})"
+    if r.get("clip_score") is not None:  # text-to-image runs scored with --clip: the captions' agreement
+        line += f"; CLIP score {r['clip_score']:.2f}"
     if digits is not None:  # beside FD-MNIST, the readable part: recognisable digits and class balance
         line += f"; digits: {format_digit_score(digits, real)}"
     return line
