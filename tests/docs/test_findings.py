@@ -260,3 +260,10 @@ def test_the_paired_test_as_quoted():
     n = data["paired"][0]["shared_seeds"]
     assert_quoted("README.md", f"at 2e-2 on {n} paired seeds")
     assert_quoted("docs/studies.md", f"({n} of the 20 seeds")
+    cells = {c["method"]: c for c in data["cells"]}
+    failed = {m: sum(bool(f) for f in cells[m]["failed"]) for m in ("none", "cs")}
+    p = data["paired"][0]["mcnemar_p"]
+    assert_quoted(
+        "docs/results.md",
+        f"`none` failed {failed['none']}/{n}, `cs` {failed['cs']}/{n} (McNemar p = {p:.2g})",
+    )
