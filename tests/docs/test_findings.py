@@ -15,6 +15,7 @@ from functools import cache
 import pytest
 
 from conftest import REPO
+from scalelong.studies.sweep.beside import by_run, overflowed
 from scalelong.studies.sweep.mapfile import read_map
 from scalelong.studies.sweep.paired import outcomes
 
@@ -267,3 +268,32 @@ def test_the_paired_test_as_quoted():
         "docs/results.md",
         f"`none` failed {failed['none']}/{n}, `cs` {failed['cs']}/{n} (McNemar p = {p:.2g})",
     )
+
+
+# ----------------------------------------------------------------------------- the fp16 lr basin
+
+
+def fp16_sentence() -> str:
+    """The Studies sentence on the fp16 basin so far, from its map.json and the bf16 basin's: which
+    runs finished, which failed, and bf16's least fp16 headroom below 1 as a prediction of an fp16
+    overflow in forward (the report's rule, :func:`scalelong.studies.sweep.beside.overflowed`)."""
+    fp16 = by_run(study("lr-basin-fp16")[0].values())
+    bf16 = by_run(study("lr-basin")[0].values())
+    shared = sorted(k for k in fp16 if k in bf16)
+    lrs = ", ".join(f"{lr:g}" for lr in sorted({k[1] for k in shared}))
+    failures = [f"`{k[2]}` at {k[1]:g}" for k in shared if fp16[k].breaks]
+    predicted = {k for k in shared if bf16[k].fp16_headroom < 1}
+    over = {k for k in shared if overflowed(fp16[k])}
+    return (
+        f"{len(shared)} of the 30 runs so far (lrs {lrs}): "
+        f"{'failed: ' + ', '.join(failures) if failures else 'no run failed'}; bf16's least fp16 headroom "
+        f"was below 1 in {len(predicted)} of them and {len(over)} overflowed in forward in fp16 "
+        f"({len(predicted & over)} of the predicted)"
+    )
+
+
+def test_the_fp16_basin_as_quoted():
+    runs = json.loads((RESULTS / "lr-basin-fp16" / "runs.json").read_text())
+    precisions = {r["provenance"]["precision"] for c in runs["cells"] for r in c["runs"]}
+    assert precisions == {"fp16"}
+    assert_quoted("docs/studies.md", fp16_sentence())
