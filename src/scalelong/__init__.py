@@ -163,7 +163,7 @@ class _MovedModules(importlib.abc.MetaPathFinder, importlib.abc.Loader):
         warnings.warn(
             f"{spec.name} moved to {new}; the old path will be removed in scalelong 0.3",
             DeprecationWarning,
-            stacklevel=3,
+            stacklevel=2,  # the importing line (warnings skips importlib's own frames)
         )
         return importlib.import_module(new)
 

@@ -198,17 +198,21 @@ def test_the_command_lines_help_and_config_listing_import_no_torch():
 
 def test_every_moved_module_imports_under_its_old_path_with_one_warning():
     """Each module of 0.1 that moved still imports by its old path, as the new module itself, with
-    one DeprecationWarning naming the new path, and only once (fresh interpreter)."""
+    one DeprecationWarning naming the new path at the line that imports it, and only once (fresh
+    interpreter)."""
     code = (
-        "import importlib, json, warnings\n"
+        "import importlib, json, sys, warnings\n"
         "from scalelong import MOVED\n"
         "out = {}\n"
         "for old, new in MOVED.items():\n"
         "    with warnings.catch_warnings(record=True) as caught:\n"
         "        warnings.simplefilter('always')\n"
-        "        same = importlib.import_module(old) is importlib.import_module(new)\n"
-        "        importlib.import_module(old)\n"
-        "    out[old] = [same, [str(w.message) for w in caught if w.category is DeprecationWarning]]\n"
+        "        user_code = compile(f'import {old}', 'user_code.py', 'exec')  # a user's import line\n"
+        "        exec(user_code)\n"
+        "        exec(user_code)\n"
+        "        same = sys.modules[old] is importlib.import_module(new)\n"
+        "    said = [f'{w.filename}: {w.message}' for w in caught if w.category is DeprecationWarning]\n"
+        "    out[old] = [same, said]\n"
         "print(json.dumps(out))"
     )
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
@@ -218,7 +222,10 @@ def test_every_moved_module_imports_under_its_old_path_with_one_warning():
     for old, (same, messages) in result.items():
         new = scalelong.MOVED[old]
         assert same, old
-        assert messages == [f"{old} moved to {new}; the old path will be removed in scalelong 0.3"], old
+        # said at the importing line (user_code.py), not inside importlib, scalelong or their caller
+        assert messages == [
+            f"user_code.py: {old} moved to {new}; the old path will be removed in scalelong 0.3"
+        ], old
     assert not set(scalelong.MOVED.values()) - set(import_graph()), "a forwarding target that does not exist"
 
 
