@@ -15,6 +15,7 @@ from functools import cache
 import pytest
 
 from conftest import REPO
+from scalelong.skips import method_order
 from scalelong.studies.sweep.beside import by_run, overflowed
 from scalelong.studies.sweep.mapfile import read_map
 from scalelong.studies.sweep.paired import outcomes
@@ -297,3 +298,27 @@ def test_the_fp16_basin_as_quoted():
     precisions = {r["provenance"]["precision"] for c in runs["cells"] for r in c["runs"]}
     assert precisions == {"fp16"}
     assert_quoted("docs/studies.md", fp16_sentence())
+
+
+def fp16_readme_sentence() -> str:
+    """The README's sentence on the fp16 basin: at the lrs where some fp16 run failed, which methods
+    still trained, the module every failure overflowed at, and how bf16 did on the same runs."""
+    fp16 = by_run(study("lr-basin-fp16")[0].values())
+    bf16 = by_run(study("lr-basin")[0].values())
+    shared = [k for k in fp16 if k in bf16]
+    lrs = sorted({k[1] for k in shared if fp16[k].breaks})
+    at = [k for k in shared if k[1] in lrs]
+    methods = sorted({k[2] for k in at}, key=method_order)
+    survivors = [m for m in methods if not any(fp16[k].breaks for k in at if k[2] == m)]
+    modules = {re.search(r"forward at (\S+)", fp16[k].last_skipped).group(1) for k in at if fp16[k].breaks}
+    (module,) = modules
+    bf16_failed = sum(bool(bf16[k].breaks) for k in at)
+    return (
+        f"at {' and '.join(f'{lr:g}' for lr in lrs)} every method but "
+        f"{', '.join(f'`{m}`' for m in survivors)} stopped on fp16 overflows in forward, each at "
+        f"`{module}`, where bf16 failed {bf16_failed} of the same {len(at)} runs"
+    )
+
+
+def test_the_fp16_basin_in_the_readme():
+    assert_quoted("README.md", fp16_readme_sentence())
