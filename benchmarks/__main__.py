@@ -90,6 +90,9 @@ REGISTRY = {
     "sweep_pool": Bench(
         "sweep_pool", "a tiny sweep: 2 workers sharing the cores vs one after another", device_flag=False
     ),
+    "startup": Bench(
+        "startup", "start-up of scalelong info, a refused value, a dry run / import torch", device_flag=False
+    ),
 }
 
 
@@ -372,6 +375,20 @@ def studies_section(quick: bool) -> list[str]:
     ]
 
 
+def startup_section(quick: bool) -> list[str]:
+    """The command line's start-up against importing torch (benchmarks/startup.py), target <= 1.5x each."""
+    r, mode = load("startup", quick)
+    if r is None:
+        return []
+    return [
+        f"**The command line's start-up** (`python -m benchmarks.startup`: fresh processes of one thread, "
+        f"{r['repeats']} interleaved repeats, {mode}; median wall time / `import torch`'s, goal ≤ "
+        f"{r['target']} each).",
+        "",
+        r["table"],
+    ]
+
+
 def summary(quick: bool) -> str:
     parts = [
         overhead_section,
@@ -382,6 +399,7 @@ def summary(quick: bool) -> str:
         cpu_processes_section,
         data_sampling_section,
         studies_section,
+        startup_section,
     ]
     blocks = ["\n".join(p(quick)) for p in parts]
     m, _ = load("method_overhead", quick)
