@@ -153,6 +153,23 @@ def test_the_section_sets_the_two_precisions_side_by_side(tmp_path):
         "| 12 | none | 0.01 | 0/1 | 1/1 | 1/1 |",
         "| 12 | cs | 0.04 (the largest tried) | 0/1 | 0/1 | 0/1 |",
     ]
+    # the basin figure with a row per precision, LR sensitivity and the failures paired by seed in each
+    basin = text.split("### The lr basin and each method against `none`, in each precision")[1]
+    assert "![the lr basin in each precision](basin_precisions.png)" in basin
+    assert (sweep / "basin_precisions.png").stat().st_size > 10_000
+    fp16_basin = basin.split("**fp16**")[1].split("**the other precision**")[0]
+    assert "| cs | 0.02 | 0/1 | 0/1 | 1/1 | 0.183 (1 seed) | -0.283 (1 seed, no interval) |" in fp16_basin
+    paired = [r.split(" | ")[1:9] for r in fp16_basin.splitlines() if r.startswith("| 12 |")]
+    assert paired == [
+        ["0.01", "cs", "1", "0", "0", "0", "1", "1"],
+        ["0.02", "cs", "1", "0", "1", "0", "0", "1"],  # only none failed
+        ["0.04", "cs", "1", "1", "0", "0", "0", "1"],
+    ]
+    other = basin.split("**the other precision**")[1].split("### Failures by cause")[0]
+    assert [r.split(" | ")[1:9] for r in other.splitlines() if r.startswith("| 12 |")][1:] == [
+        ["0.02", "cs", "1", "0", "1", "0", "0", "1"],
+        ["0.04", "cs", "1", "0", "1", "0", "0", "1"],
+    ]
     # the failures by cause of each precision, the same table as the report's own
     causes = text.split("### Failures by cause in each precision")[1]
     assert table_after(causes, "**fp16**")[2:] == [

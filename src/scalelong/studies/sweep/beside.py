@@ -27,9 +27,11 @@ from scalelong.errors import ScaleLongError
 from scalelong.runlog.provenance import PRECISION_NAMES
 from scalelong.skips import method_order
 from scalelong.studies.divergence import cause, skip_cause
+from scalelong.studies.plots import plot_basin
 from scalelong.studies.summary import CellSummary, SeedSummary
-from scalelong.studies.sweep.basin import Basin, basins
+from scalelong.studies.sweep.basin import WEIGHTS, Basin, basin_table, basins, figure_points
 from scalelong.studies.sweep.mapfile import read_map
+from scalelong.studies.sweep.paired import paired_table
 from scalelong.studies.sweep.tables import CAUSES_READ, cause_table
 
 OTHER = "the other precision"  # the label of a map beside whose precision nothing records
@@ -339,10 +341,45 @@ def _labels(this: str, other: str) -> tuple[str, str]:
     return (f"{this} (this sweep)", f"{other} (beside)") if this == other else (this, other)
 
 
+def basin_and_pairs(
+    mine: Sequence[CellSummary],
+    theirs: Sequence[CellSummary],
+    precisions: tuple[str, str],
+    labels: tuple[str, str],
+    sweep_dir: Path,
+) -> list[str]:
+    """Per precision, on the shared runs: the lr basin as a figure (``basin_precisions.png``, one row
+    of panels per precision) and a table with the LR sensitivity
+    (:func:`~scalelong.studies.sweep.basin.basin_table`), and each method against ``none`` paired by
+    seed (:func:`~scalelong.studies.sweep.paired.paired_table`). Nothing where the shared runs hold
+    fewer than two lrs or no held-out error."""
+    found = [basins(mine), basins(theirs)]
+    if len({c.cell.lr for c in mine}) < 2 or not all(any(b.logged("ema") for b in f) for f in found):
+        return []
+    rows = {f"{p}, {WEIGHTS['ema']}": figure_points(f, "ema") for p, f in zip(precisions, found, strict=True)}
+    png = plot_basin(rows, sweep_dir / "basin_precisions.png")
+    parts = [
+        "### The lr basin and each method against `none`, in each precision",
+        "The lr basin of each precision on the shared runs (top row this sweep's, bottom row the other's), "
+        "its table with the LR sensitivity (read as in the report's lr basin above) and the failures "
+        "paired by seed against `none` (read as in the report's paired section above).",
+        f"![the lr basin in each precision]({png.name})",
+    ]
+    for label, cells, f in zip(labels, (mine, theirs), found, strict=True):
+        parts.append(label)
+        depths = sorted({b.depth for b in f}, key=lambda d: -1 if d is None else d)
+        for depth in depths:
+            parts += [f"Depth {depth}:"] if len(depths) > 1 else []
+            parts.append(basin_table([b for b in f if b.depth == depth]))
+        parts.append(paired_table(cells) or "No method shares a seed with `none` here.")
+    return parts
+
+
 def beside_section(cells: Sequence[CellSummary], this: str, side: Beside, sweep_dir: Path) -> list[str]:
     """The report's "The precisions side by side": ``cells`` (this sweep, computed in ``this``)
     beside ``side`` on the runs both made (:func:`shared_cells`), per precision the lr basin's
-    edges (:func:`edge_table`) and the failures by cause
+    edges (:func:`edge_table`), the basin figure, LR sensitivity and the failures paired by seed
+    against ``none`` (:func:`basin_and_pairs`), the failures by cause
     (:func:`~scalelong.studies.sweep.tables.cause_table`), the rule of the prediction, its 2x2
     count (:func:`prediction_square`) and every run (:func:`run_table`)."""
     where = _relative(side.path, sweep_dir)
@@ -375,6 +412,7 @@ def beside_section(cells: Sequence[CellSummary], this: str, side: Beside, sweep_
         edge_table(basins(mine), this),
         theirs_label,
         edge_table(basins(theirs), other),
+        *basin_and_pairs(mine, theirs, (this, other), (mine_label, theirs_label), sweep_dir),
         "### Failures by cause in each precision",
         CAUSES_READ,
         mine_label,
