@@ -275,20 +275,20 @@ def test_the_paired_test_as_quoted():
 
 
 def fp16_sentence() -> str:
-    """The Studies sentence on the fp16 basin so far, from its map.json and the bf16 basin's: which
-    runs finished, which failed, and bf16's least fp16 headroom below 1 as a prediction of an fp16
-    overflow in forward (the report's rule, :func:`scalelong.studies.sweep.beside.overflowed`)."""
+    """The Studies sentence on the fp16 basin so far, from its map.json and the bf16 basin's: how many
+    runs, how many of them the bf16 basin made too and how each precision did on those, and bf16's
+    least fp16 headroom below 1 as a prediction of an fp16 overflow in forward (the report's rule,
+    :func:`scalelong.studies.sweep.beside.overflowed`)."""
     fp16 = by_run(study("lr-basin-fp16")[0].values())
     bf16 = by_run(study("lr-basin")[0].values())
     shared = sorted(k for k in fp16 if k in bf16)
-    lrs = ", ".join(f"{lr:g}" for lr in sorted({k[1] for k in shared}))
-    failures = [f"`{k[2]}` at {k[1]:g}" for k in shared if fp16[k].breaks]
     predicted = {k for k in shared if bf16[k].fp16_headroom < 1}
     over = {k for k in shared if overflowed(fp16[k])}
     return (
-        f"{len(shared)} of the 30 runs so far (lrs {lrs}): "
-        f"{'failed: ' + ', '.join(failures) if failures else 'no run failed'}; bf16's least fp16 headroom "
-        f"was below 1 in {len(predicted)} of them and {len(over)} overflowed in forward in fp16 "
+        f"{len(fp16)} runs so far, {len(shared)} of them also in the bf16 basin (the same lr, method and "
+        f"seed); on those fp16 failed {sum(bool(fp16[k].breaks) for k in shared)} and bf16 "
+        f"{sum(bool(bf16[k].breaks) for k in shared)}; bf16's least fp16 headroom was below 1 in "
+        f"{len(predicted)} of them and {len(over)} overflowed in forward in fp16 "
         f"({len(predicted & over)} of the predicted)"
     )
 
@@ -298,25 +298,73 @@ def test_the_fp16_basin_as_quoted():
     precisions = {r["provenance"]["precision"] for c in runs["cells"] for r in c["runs"]}
     assert precisions == {"fp16"}
     assert_quoted("docs/studies.md", fp16_sentence())
+    assert_quoted("docs/studies.md", fp16_readme_sentence())
+
+
+CAUSE_WORDS = {
+    "x0": "its held-out error (no better than the mean image)",
+    "loss": "its loss",
+    "nonfinite": "non-finite steps",
+}
+
+
+def _and(items: list[str]) -> str:
+    return ", ".join(items[:-1]) + " and " + items[-1] if len(items) > 1 else "".join(items)
 
 
 def fp16_readme_sentence() -> str:
-    """The README's sentence on the fp16 basin: at the lrs where some fp16 run failed, which methods
-    still trained, the module every failure overflowed at, and how bf16 did on the same runs."""
-    fp16 = by_run(study("lr-basin-fp16")[0].values())
-    bf16 = by_run(study("lr-basin")[0].values())
-    shared = [k for k in fp16 if k in bf16]
-    lrs = sorted({k[1] for k in shared if fp16[k].breaks})
-    at = [k for k in shared if k[1] in lrs]
-    methods = sorted({k[2] for k in at}, key=method_order)
-    survivors = [m for m in methods if not any(fp16[k].breaks for k in at if k[2] == m)]
-    modules = {re.search(r"forward at (\S+)", fp16[k].last_skipped).group(1) for k in at if fp16[k].breaks}
+    """The README's fp16 answer: at the lr where methods ran five or more seeds in fp16, each one's
+    failures k/n with McNemar's p against `none` (paired by seed), where the failures overflowed, and
+    how bf16 did on the same runs (the methods it ran on five or more of them)."""
+    cells = study("lr-basin-fp16")[0]
+    (lr,) = {k[1] for k, c in cells.items() if c.count >= 5}
+    at = {k[2]: c for k, c in cells.items() if k[1] == lr and c.count >= 5}
+    methods = sorted(at, key=method_order)
+    fp16 = by_run(at.values())
+    seeds = sorted({k[3] for k in fp16})
+
+    def failed(m: str) -> set[int]:
+        return {k[3] for k, r in fp16.items() if k[2] == m and r.breaks}
+
+    counts = []
+    for m in methods:
+        text = f"`{m}` {len(failed(m))}/{at[m].count}"
+        if m != "none":
+            p = format(outcomes(at[m], at["none"]).p, ".2g")
+            notes = ["the same seeds"] if failed(m) == failed("none") else []
+            if rescued := len(failed("none") - failed(m)):
+                notes.append(f"trained on {rescued} of the {len(failed('none'))} seeds `none` failed")
+            notes.append(f"McNemar p = {p} against `none`" if len(counts) == 1 else f"p = {p}")
+            text += f" ({'; '.join(notes)})"
+        counts.append(text)
+    overflowing = [
+        m
+        for m in methods
+        if failed(m) and all(overflowed(fp16[k]) for k in fp16 if k[2] == m and fp16[k].breaks)
+    ]
+    modules = {
+        re.search(r"forward at (\S+)", fp16[k].last_skipped).group(1)
+        for k in fp16
+        if k[2] in overflowing and fp16[k].breaks
+    }
     (module,) = modules
-    bf16_failed = sum(bool(bf16[k].breaks) for k in at)
+    others = [m for m in methods if failed(m) and m not in overflowing]
+    bf16 = by_run(study("lr-basin")[0].values())
+    shared = {m: [k for k in fp16 if k[2] == m and k in bf16] for m in methods}
+    bf16_counts = [
+        f"`{m}` {sum(bool(bf16[k].breaks) for k in ks)}/{len(ks)}" for m, ks in shared.items() if len(ks) >= 5
+    ]
+    causes = sorted({b.criterion for m in others for k in fp16 if k[2] == m for b in fp16[k].breaks})
     return (
-        f"at {' and '.join(f'{lr:g}' for lr in lrs)} every method but "
-        f"{', '.join(f'`{m}`' for m in survivors)} stopped on fp16 overflows in forward, each at "
-        f"`{module}`, where bf16 failed {bf16_failed} of the same {len(at)} runs"
+        f"at {lr:g} on seeds {seeds[0]}-{seeds[-1]}, fp16 failed {', '.join(counts)}; "
+        f"every failure of {_and([f'`{m}`' for m in overflowing])} was an fp16 overflow in forward at "
+        f"`{module}`"
+        + (
+            f", {', '.join(f'`{m}`' for m in others)}'s by {', '.join(CAUSE_WORDS[c] for c in causes)}"
+            if others
+            else ""
+        )
+        + f"; bf16 failed {' and '.join(bf16_counts)} of the same runs"
     )
 
 
