@@ -344,6 +344,7 @@ def _labels(this: str, other: str) -> tuple[str, str]:
 def basin_and_pairs(
     mine: Sequence[CellSummary],
     theirs: Sequence[CellSummary],
+    found: tuple[list[Basin], list[Basin]],
     precisions: tuple[str, str],
     labels: tuple[str, str],
     sweep_dir: Path,
@@ -351,9 +352,8 @@ def basin_and_pairs(
     """Per precision, on the shared runs: the lr basin as a figure (``basin_precisions.png``, one row
     of panels per precision) and a table with the LR sensitivity
     (:func:`~scalelong.studies.sweep.basin.basin_table`), and each method against ``none`` paired by
-    seed (:func:`~scalelong.studies.sweep.paired.paired_table`). Nothing where the shared runs hold
-    fewer than two lrs or no held-out error."""
-    found = [basins(mine), basins(theirs)]
+    seed (:func:`~scalelong.studies.sweep.paired.paired_table`); ``found``: the basins of ``mine`` and
+    ``theirs``. Nothing where the shared runs hold fewer than two lrs or no held-out error."""
     if len({c.cell.lr for c in mine}) < 2 or not all(any(b.logged("ema") for b in f) for f in found):
         return []
     rows = {f"{p}, {WEIGHTS['ema']}": figure_points(f, "ema") for p, f in zip(precisions, found, strict=True)}
@@ -396,6 +396,7 @@ def beside_section(cells: Sequence[CellSummary], this: str, side: Beside, sweep_
     order = sorted(shared, key=lambda k: (k[0] or 0, k[1], method_order(k[2]), k[3] or 0))
     pairs = [(k, mine_runs[k], theirs_runs[k]) for k in order]
     mine_label, theirs_label = f"**{this}** (this sweep):", f"**{other}** (`{where}`):"
+    found = (basins(mine), basins(theirs))
     n = len(pairs)
     scaled = sum(r.overflow_steps > 0 for _, r, _ in pairs)
     parts = [
@@ -409,10 +410,10 @@ def beside_section(cells: Sequence[CellSummary], this: str, side: Beside, sweep_
         "smaller lr, counted on the seeds that every method ran at that lr), here on the runs both "
         "precisions made; failed k/n at each lr on those seeds.",
         mine_label,
-        edge_table(basins(mine), this),
+        edge_table(found[0], this),
         theirs_label,
-        edge_table(basins(theirs), other),
-        *basin_and_pairs(mine, theirs, (this, other), (mine_label, theirs_label), sweep_dir),
+        edge_table(found[1], other),
+        *basin_and_pairs(mine, theirs, found, (this, other), (mine_label, theirs_label), sweep_dir),
         "### Failures by cause in each precision",
         CAUSES_READ,
         mine_label,
