@@ -313,11 +313,16 @@ def _and(items: list[str]) -> str:
 
 
 def fp16_readme_sentence() -> str:
-    """The README's fp16 answer: at the lr where methods ran five or more seeds in fp16, each one's
-    failures k/n with McNemar's p against `none` (paired by seed), where the failures overflowed, and
-    how bf16 did on the same runs (the methods it ran on five or more of them)."""
+    """The README's fp16 answer: one clause per lr where methods ran five or more seeds in fp16."""
     cells = study("lr-basin-fp16")[0]
-    (lr,) = {k[1] for k, c in cells.items() if c.count >= 5}
+    lrs = sorted({k[1] for k, c in cells.items() if c.count >= 5})
+    return "; ".join(fp16_lr_clause(cells, lr) for lr in lrs)
+
+
+def fp16_lr_clause(cells, lr: float) -> str:
+    """At one lr: each method's fp16 failures k/n with McNemar's p against `none` (paired by seed),
+    where the failures overflowed, and how bf16 did on the same runs (the methods it ran on five or
+    more of them)."""
     at = {k[2]: c for k, c in cells.items() if k[1] == lr and c.count >= 5}
     methods = sorted(at, key=method_order)
     fp16 = by_run(at.values())
@@ -342,12 +347,13 @@ def fp16_readme_sentence() -> str:
         for m in methods
         if failed(m) and all(overflowed(fp16[k]) for k in fp16 if k[2] == m and fp16[k].breaks)
     ]
-    modules = {
-        re.search(r"forward at (\S+)", fp16[k].last_skipped).group(1)
-        for k in fp16
-        if k[2] in overflowing and fp16[k].breaks
-    }
-    (module,) = modules
+    modules = sorted(
+        {
+            re.search(r"forward at (\S+)", fp16[k].last_skipped).group(1)
+            for k in fp16
+            if k[2] in overflowing and fp16[k].breaks
+        }
+    )
     others = [m for m in methods if failed(m) and m not in overflowing]
     bf16 = by_run(study("lr-basin")[0].values())
     shared = {m: [k for k in fp16 if k[2] == m and k in bf16] for m in methods}
@@ -355,16 +361,21 @@ def fp16_readme_sentence() -> str:
         f"`{m}` {sum(bool(bf16[k].breaks) for k in ks)}/{len(ks)}" for m, ks in shared.items() if len(ks) >= 5
     ]
     causes = sorted({b.criterion for m in others for k in fp16 if k[2] == m for b in fp16[k].breaks})
+    where = " or ".join(f"`{module}`" for module in modules)
     return (
-        f"at {lr:g} on seeds {seeds[0]}-{seeds[-1]}, fp16 failed {', '.join(counts)}; "
-        f"every failure of {_and([f'`{m}`' for m in overflowing])} was an fp16 overflow in forward at "
-        f"`{module}`"
+        f"at {lr:g} on seeds {seeds[0]}-{seeds[-1]}, fp16 failed {', '.join(counts)}"
+        + (
+            f"; every failure of {_and([f'`{m}`' for m in overflowing])} was an fp16 overflow in forward at "
+            f"{where}"
+            if overflowing
+            else ""
+        )
         + (
             f", {', '.join(f'`{m}`' for m in others)}'s by {', '.join(CAUSE_WORDS[c] for c in causes)}"
             if others
             else ""
         )
-        + f"; bf16 failed {' and '.join(bf16_counts)} of the same runs"
+        + (f"; bf16 failed {' and '.join(bf16_counts)} of the same runs" if bf16_counts else "")
     )
 
 
