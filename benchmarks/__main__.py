@@ -50,20 +50,23 @@ REGISTRY = {
     "bf16_widths": Bench("bf16_widths", "bf16 autocast vs fp32 per U-ViT width", default=False),
     "train_step": Bench(
         "train_step",
-        "the demo's step: eager/compiled x fp32/bf16, AdamW kernels, EMA, threads",
+        "the demo U-ViT's step: eager/compiled x fp32/bf16, AdamW kernels, EMA, threads",
         device_flag=False,
         default=False,
     ),
+    "demo_backbones": Bench(
+        "demo_backbones", "the demo's UNet step / the demo U-ViT's step", device_flag=False, default=False
+    ),
     "cpu_processes": Bench(
         "cpu_processes",
-        "scalelong train demo as processes of one thread vs one process",
+        "scalelong train demo_uvit as processes of one thread vs one process",
         device_flag=False,
         default=False,
     ),
     "throughput": Bench("throughput", "img/s and peak memory of the shipped configs"),
     "loader_vs_step": Bench("loader_vs_step", "CIFAR-10 loader vs training step", device_flag=False),
     "sampling_throughput": Bench(
-        "sampling_throughput", "sampling img/s of the demo model", device_flag=False
+        "sampling_throughput", "sampling img/s of the demo U-ViT", device_flag=False
     ),
     "diagnostics_overhead": Bench("diagnostics_overhead", "cost of the diagnostics", default=False),
     "sampler_quality": Bench(
@@ -291,28 +294,28 @@ def fast_path_section(quick: bool) -> list[str]:
 
 
 def train_step_section(quick: bool) -> list[str]:
-    """The demo's own training step, every candidate path beside eager fp32 (benchmarks/train_step.py)."""
+    """The demo U-ViT's training step, every candidate path beside eager fp32 (benchmarks/train_step.py)."""
     r, mode = load("train_step", quick)
     if r is None:
         return []
     a = r["args"]
     return [
-        f"**The demo's training step** (`python -m benchmarks.train_step`: the {a['preset']} preset at batch "
-        f"{a['batch']}, {r['threads']} thread(s), {r['repeats']} interleaved repeats, {mode}).",
+        f"**The demo U-ViT's training step** (`python -m benchmarks.train_step`: the {a['preset']} preset "
+        f"at batch {a['batch']}, {r['threads']} thread(s), {r['repeats']} interleaved repeats, {mode}).",
         "",
         r["table"],
     ]
 
 
 def cpu_processes_section(quick: bool) -> list[str]:
-    """One run of the demo on the CPU's cores as one process or as processes of one thread each."""
+    """One run of the demo U-ViT on the CPU's cores as one process or as processes of one thread each."""
     r, mode = load("cpu_processes", quick)
     if r is None:
         return []
     return [
-        f"**One run on {r['cores']} cores** (`python -m benchmarks.cpu_processes`: `scalelong train demo`, "
-        f"{r['steps']} steps, `train.cpu_processes`, {r['repeats']} alternating repeats, {mode}; the "
-        "logged training throughput after the first quarter of the steps, and the command's wall time).",
+        f"**One run on {r['cores']} cores** (`python -m benchmarks.cpu_processes`: `scalelong train "
+        f"demo_uvit`, {r['steps']} steps, `train.cpu_processes`, {r['repeats']} alternating repeats, {mode}; "
+        "the logged training throughput after the first quarter of the steps, and the command's wall time).",
         "",
         r["table"],
     ]
@@ -336,7 +339,7 @@ def data_sampling_section(quick: bool) -> list[str]:
         for batch, x in s["batches"].items():
             rows.append(
                 [
-                    f"demo model sampling, batch {batch}: DPM-Solver-50 / EM-1000 img/s",
+                    f"demo U-ViT sampling, batch {batch}: DPM-Solver-50 / EM-1000 img/s",
                     f"{x['dpm_solver_50_img_s']:.2f} / {x['euler_maruyama_1000_img_s']:.3f}",
                     "",
                     "",
@@ -375,6 +378,20 @@ def studies_section(quick: bool) -> list[str]:
     ]
 
 
+def demo_backbones_section(quick: bool) -> list[str]:
+    """The demo UNet's training step against the demo U-ViT's (benchmarks/demo_backbones.py)."""
+    r, mode = load("demo_backbones", quick)
+    if r is None:
+        return []
+    return [
+        f"**The demo's two backbones** (`python -m benchmarks.demo_backbones`, {mode}: the step counts of "
+        f"`scalelong train demo` and `make demo` assume a UNet step costs at most {r['target']}x a U-ViT "
+        "step).",
+        "",
+        r["table"].strip(),
+    ]
+
+
 def startup_section(quick: bool) -> list[str]:
     """The command line's start-up against importing torch (benchmarks/startup.py), target <= 1.5x each."""
     r, mode = load("startup", quick)
@@ -396,6 +413,7 @@ def summary(quick: bool) -> str:
         throughput_section,
         fast_path_section,
         train_step_section,
+        demo_backbones_section,
         cpu_processes_section,
         data_sampling_section,
         studies_section,

@@ -1,4 +1,4 @@
-"""`scalelong train demo` on a CPU as one process with every core's threads or as data-parallel
+"""`scalelong train demo_uvit` on a CPU as one process with every core's threads or as data-parallel
 processes of one thread each (``train.cpu_processes``), side by side.
 
 Each arm is the command line itself, so the processes' start-up, the process group and the
@@ -35,7 +35,7 @@ def train_command(folder: Path, steps: int, processes: int) -> list[str]:
         "-m",
         "scalelong.cli",
         "train",
-        "demo",
+        "demo_uvit",
         f"out_dir={folder}",
         "name=bench",
         f"train.steps={steps}",
@@ -103,7 +103,7 @@ def main(argv: list[str] | None = None) -> None:
     header = ["arm", "processes", "threads each", "img/s (logged)", "img/s ratio", "wall s"]
     table = markdown_table(header, rows)
     head = (
-        f"# `scalelong train demo` as processes of one thread vs one process ({cores} cores, {steps} "
+        f"# `scalelong train demo_uvit` as processes of one thread vs one process ({cores} cores, {steps} "
         f"steps, batch 32, {repeats} alternating repeats)"
     )
     print(table)

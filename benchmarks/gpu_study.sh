@@ -89,7 +89,7 @@ case "$STUDY" in
         PRESET=stability NAME=${NAME:-gpu-basin} METHODS=${METHODS:-none,cs,${NORM_ARM:-skip-norm}}
         STUDY_RUN="diagnostics.noise_levels_at_start=true diagnostics.noise_levels_raw=true diagnostics.noise_levels_every=0" ;;
     depth)
-        PRESET=demo NAME=${NAME:-gpu-study} STUDY_RUN="" ;;
+        PRESET=demo_uvit NAME=${NAME:-gpu-study} STUDY_RUN="" ;;
     *) echo "error: STUDY=$STUDY: choose basin or depth" >&2; exit 2 ;;
 esac
 if [ "$TOY" = 1 ]; then  # the same study, small enough for a CPU test: the script's own check

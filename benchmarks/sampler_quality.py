@@ -1,7 +1,7 @@
 """Sample quality per network evaluation: DPM-Solver (50 steps) against Euler-Maruyama (1000 steps).
 
 The recipe evaluates with a 50-step DPM-Solver and samples its final CIFAR-10 numbers with a
-1000-step Euler-Maruyama SDE solver. On the demo U-ViT trained for 3,000 steps (configs/demo.yaml,
+1000-step Euler-Maruyama SDE solver. On the demo U-ViT trained for 3,000 steps (configs/demo_uvit.yaml,
 name bench-demo; trained here if missing) both draw the same seeds and are scored with FD-MNIST
 against the embedded training digits. Claim: DPM-Solver-50 is within 10% of EM-1000 at 20x
 fewer network evaluations.
@@ -40,7 +40,7 @@ def ensure_trained(run_dir: Path = RUN) -> None:
         "-m",
         "scalelong.cli",
         "train",
-        "configs/demo.yaml",
+        "configs/demo_uvit.yaml",
         "name=bench-demo",
         "train.steps=3000",
         "eval.every=0",

@@ -1,6 +1,6 @@
 """Sampling throughput (images per second) of the demo model on this machine's CPU.
 
-The demo U-ViT (configs/demo.yaml, random weights: speed does not depend on them) draws batches
+The demo U-ViT (configs/demo_uvit.yaml, random weights: speed does not depend on them) draws batches
 with DPM-Solver (50 steps) and Euler-Maruyama; the two are timed in alternation (harness) at a
 few batch sizes. Euler-Maruyama is timed at 50 steps and scaled to its 1000-step cost by the
 ratio of network evaluations (1001 / 51), which is exact up to the per-step arithmetic.
@@ -28,7 +28,7 @@ def main(argv: list[str] | None = None) -> None:
     args = p.parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
-    cfg = load_config("configs/demo.yaml")
+    cfg = load_config("configs/demo_uvit.yaml")
     torch.manual_seed(0)
     model = build_model(cfg.model).eval()
     schedule, shape = build_schedule(cfg.diffusion), model_input_shape(cfg.model)

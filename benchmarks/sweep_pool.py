@@ -44,7 +44,7 @@ def tiny_sweep(out_dir: Path, steps: int):
         "eval.every=0",
         "sample.num_images=0",
     ]
-    return load_config("configs/demo.yaml", overrides)
+    return load_config("configs/demo_uvit.yaml", overrides)
 
 
 def main(argv: list[str] | None = None) -> None:

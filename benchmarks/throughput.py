@@ -7,7 +7,7 @@ during the timed steps; on the CPU the process's peak resident set (``ru_maxrss`
 growth from the moment the trainer (model, EMA, data) is built: activations, gradients and
 optimizer state.
 
-* ``demo``: configs/demo.yaml at its own batch (64);
+* ``demo``: configs/demo_uvit.yaml at its own batch (64);
 * ``U-ViT-S/2``: configs/cifar10_uvit_s2.yaml, ``DDPM UNet``: configs/cifar10_unet_ddpm.yaml,
   both at batch 8 on the CPU (``--batch``; 128 on a GPU) on a small fake CIFAR-10 folder.
 
@@ -32,7 +32,7 @@ import torch
 from benchmarks.harness import add_common_args, markdown_table, result_name, setup, write_result
 
 CONFIGS = {
-    "demo": ("configs/demo.yaml", None),
+    "demo U-ViT": ("configs/demo_uvit.yaml", None),
     "U-ViT-S/2 CIFAR-10": ("configs/cifar10_uvit_s2.yaml", 8),
     "DDPM UNet CIFAR-10": ("configs/cifar10_unet_ddpm.yaml", 8),
 }

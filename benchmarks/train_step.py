@@ -1,4 +1,4 @@
-"""The demo's training step, every candidate path side by side in one process.
+"""The demo U-ViT's training step, every candidate path side by side in one process.
 
     python -m benchmarks.train_step                  # the demo U-ViT at its batch (32), 2 threads
     python -m benchmarks.train_step --quick          # fewer repeats
@@ -187,7 +187,9 @@ def training_arms(preset: str, batch: int, threads: int, compiled: bool) -> dict
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     add_common_args(p, threads=2)
-    p.add_argument("--preset", default="demo", help="the preset whose model, loss and optimizer are timed")
+    p.add_argument(
+        "--preset", default="demo_uvit", help="the preset whose model, loss and optimizer are timed"
+    )
     p.add_argument("--batch", type=int, default=32, help="training batch (the demo's: 32)")
     p.add_argument("--eval-batch", type=int, default=256, help="the sampler's batch (the demo's: 256)")
     p.add_argument("--no-compile", action="store_true", help="skip the compiled arms and compile times")

@@ -34,7 +34,7 @@ FP32_ONE_PROCESS = ["train.mixed_precision=no", "train.cpu_processes=1"]
 
 
 def tiny_uvit_overrides(name: str, out_dir, steps: int = 30, method: str = "none") -> list[str]:
-    """Overrides that turn configs/demo.yaml into a tiny, fast run (its end-of-run noise-level probe
+    """Overrides that turn configs/demo_uvit.yaml into a tiny, fast run (its end-of-run noise-level probe
     on 16 held-out images: on the default 256 the probe costs more than the 30 steps)."""
     return [
         f"name={name}",
@@ -59,7 +59,7 @@ def tiny_uvit_overrides(name: str, out_dir, steps: int = 30, method: str = "none
 
 
 def learning_uvit_overrides(out_dir, name: str = "t") -> list[str]:
-    """Overrides that turn configs/demo.yaml into a tiny U-ViT (depth 4, patch 4) whose loss falls
+    """Overrides that turn configs/demo_uvit.yaml into a tiny U-ViT (depth 4, patch 4) whose loss falls
     clearly within its 40 steps, with diagnostics every 4 steps (the noise-level probe at the end on
     16 held-out images) and 3 non-finite steps in a row ending a run: small studies of runs that
     learn, or diverge."""
@@ -110,7 +110,7 @@ def tiny_cpu_config(tmp_path, name: str, *extra: str):
         "sample.num_images=0",
         *extra,
     ]
-    return load_config("configs/demo.yaml", overrides)
+    return load_config("configs/demo_uvit.yaml", overrides)
 
 
 def run_cli(capsys, *args) -> tuple[int, str, str]:

@@ -182,7 +182,7 @@ def test_train_diffusers_unet2d_from_config(tmp_path):
         "eval.every=0",  # the demo's evaluation at the last step: 256 samples of 50 solver steps
         "diagnostics.noise_levels=8",  # the probe at the end runs on the wrapper, on 8 images not 256
     ]
-    cfg = load_config("configs/demo.yaml", overrides)
+    cfg = load_config("configs/demo_uvit.yaml", overrides)
     rows = describe(build_model(cfg.model))
     assert [r.shape for r in rows] == [(16, 32, 32), (16, 32, 32), (16, 16, 16), (32, 16, 16)]
     result = train(cfg, progress=False)
@@ -193,7 +193,7 @@ def test_a_diffusers_model_type_without_the_extra_names_it(monkeypatch):
     from scalelong.training.build import build_model
     from scalelong.training.config import load_config
 
-    cfg = load_config("configs/demo.yaml", TOY_DIFFUSERS_OVERRIDES)
+    cfg = load_config("configs/demo_uvit.yaml", TOY_DIFFUSERS_OVERRIDES)
     monkeypatch.setitem(sys.modules, "diffusers", None)  # as if the extra were not installed
     with pytest.raises(ScaleLongError, match=r"pip install scalelong\[diffusers\]"):
         build_model(cfg.model)

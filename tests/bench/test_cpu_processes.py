@@ -25,7 +25,7 @@ def test_the_rate_is_the_median_logged_after_the_first_quarter(tmp_path):
 def test_each_arm_is_a_valid_train_command(tmp_path):
     cmd = cpu_processes.train_command(tmp_path, steps=12, processes=2)
     args = build_parser().parse_args(cmd[3:])  # after `python -m scalelong.cli`
-    assert args.config == "demo" and "train.cpu_processes=2" in args.overrides and args.no_progress
+    assert args.config == "demo_uvit" and "train.cpu_processes=2" in args.overrides and args.no_progress
 
 
 def test_the_page_quotes_the_table(tmp_path, monkeypatch):

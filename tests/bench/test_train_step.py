@@ -19,11 +19,11 @@ from scalelong.training.presets import resolve_config
 
 
 def narrow_demo(folder: Path) -> Path:
-    """The demo preset as a YAML file, its U-ViT 2 plain blocks of width 16: what is checked does not
+    """The demo U-ViT preset as a YAML file, its U-ViT 2 plain blocks of width 16: what is checked does not
     depend on the model, and on a busy machine each parallel region of the 2 threads waits for the
     one that got no core (the demo's 12 blocks took over a second a step at batch 2, most of it in
     the bf16 depthwise convolutions of model.uvit.mlp_conv)."""
-    cfg = yaml.safe_load(resolve_config("demo").read_text())
+    cfg = yaml.safe_load(resolve_config("demo_uvit").read_text())
     cfg["model"]["uvit"] |= {"embed_dim": 16, "depth": 2, "num_heads": 2, "mlp_conv": False}
     path = folder / "narrow-demo.yaml"
     path.write_text(yaml.safe_dump(cfg))

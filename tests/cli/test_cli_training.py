@@ -19,7 +19,7 @@ from conftest import run_cli, tiny_uvit_overrides
 )
 def test_bad_config_one_line_exit_2_no_run_dir(tmp_path, capsys, override, words):
     out = tmp_path / "runs"
-    code, stdout, stderr = run_cli(capsys, "train", "configs/demo.yaml", f"out_dir={out}", override)
+    code, stdout, stderr = run_cli(capsys, "train", "configs/demo_uvit.yaml", f"out_dir={out}", override)
     assert code == 2
     lines = stderr.strip().splitlines()
     assert len(lines) == 1 and words in lines[0], stderr
@@ -51,7 +51,11 @@ def test_info_prints_parameter_count_and_skip_table(capsys):
 
 def test_train_end_to_end_prints_where_outputs_are(tmp_path, capsys):
     code, stdout, stderr = run_cli(
-        capsys, "train", "configs/demo.yaml", "--no-progress", *tiny_uvit_overrides("cli", tmp_path, steps=5)
+        capsys,
+        "train",
+        "configs/demo_uvit.yaml",
+        "--no-progress",
+        *tiny_uvit_overrides("cli", tmp_path, steps=5),
     )
     assert code == 0, stderr
     assert "metrics:" in stdout and "samples:" in stdout
@@ -63,7 +67,7 @@ def test_train_prints_its_last_score_and_digit_score(tmp_path, capsys):
     """A run that evaluates ends by saying what it scored, with FD-MNIST's digit score beside it,
     the best step's re-score where one was asked for, and how to score more samples where not."""
     evaluation = ["eval.every=5", "eval.num_samples=8", "eval.steps=2", "eval.batch_size=8"]
-    args = ["train", "configs/demo.yaml", "--no-progress", *tiny_uvit_overrides("ev", tmp_path, steps=5)]
+    args = ["train", "configs/demo_uvit.yaml", "--no-progress", *tiny_uvit_overrides("ev", tmp_path, steps=5)]
     code, stdout, stderr = run_cli(capsys, *args, *evaluation)
     assert code == 0, stderr
     line = next(x for x in stdout.splitlines() if x.startswith("fd-mnist "))

@@ -161,7 +161,7 @@ def folder_run(tmp_path, n=12, side=16, *extra):
 
 def test_a_folder_run_records_its_held_out_images_and_is_measured_on_them(tmp_path, capsys):
     overrides = folder_run(tmp_path)
-    assert main(["train", "configs/demo.yaml", *overrides, "--no-progress"]) == 0
+    assert main(["train", "configs/demo_uvit.yaml", *overrides, "--no-progress"]) == 0
     run = tmp_path / "runs" / "own"
     saved = yaml.safe_load((run / "config.yaml").read_text())["data"]
     assert saved["heldout"] == 4 and saved["heldout_seed"] == 0 and saved["split"] == "train"
@@ -210,7 +210,7 @@ def test_every_bad_input_is_one_error_line_from_the_cli(tmp_path, capsys, case, 
         )
         overrides += ["data.name=array", f"data.path={tmp_path / 'x.npy'}"]
         overrides += ["data.resolution=8"] if case == "array-resolution" else []
-    assert main(["train", "configs/demo.yaml", *overrides, "--dry-run"]) == 2
+    assert main(["train", "configs/demo_uvit.yaml", *overrides, "--dry-run"]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and err.startswith("error: ") and "Traceback" not in err
     for word in words:
@@ -223,9 +223,9 @@ def test_an_array_trains_like_a_folder(tmp_path, capsys):
         tmp_path / "x.npy", pixels(12, side=16).transpose(0, 2, 3, 1)
     )  # channels last, as numpy keeps them
     overrides = [*folder_run(tmp_path, n=0), "data.name=array", f"data.path={tmp_path / 'x.npy'}"]
-    assert main(["train", "configs/demo.yaml", *overrides, "--dry-run"]) == 0
+    assert main(["train", "configs/demo_uvit.yaml", *overrides, "--dry-run"]) == 0
     assert "images from" in capsys.readouterr().out
-    assert main(["train", "configs/demo.yaml", *overrides, "--no-progress"]) == 0
+    assert main(["train", "configs/demo_uvit.yaml", *overrides, "--no-progress"]) == 0
     assert "final loss" in capsys.readouterr().out
 
 

@@ -163,7 +163,7 @@ def test_a_corrupt_image_stops_the_run_before_it_starts(tmp_path, capsys):
     (images / "2.png").write_bytes(b"\x89PNG\r\n\x1a\n garbage")
     (images / "sub").mkdir()
     (images / "sub" / "9.png").write_bytes((images / "0.png").read_bytes()[:40])  # truncated
-    code = main(["train", "configs/demo.yaml", *overrides, "--no-progress"])
+    code = main(["train", "configs/demo_uvit.yaml", *overrides, "--no-progress"])
     err = capsys.readouterr().err
     assert code == 2 and "Traceback" not in err
     assert err.count("\n") == 1 and "corrupt or unreadable image" in err and "2.png" in err
@@ -182,7 +182,7 @@ def test_an_image_damaged_during_the_run_is_one_line_from_a_loader_worker(tmp_pa
             (images / "3.png").write_bytes(b"\x89PNG\r\n\x1a\n garbage")
 
     with pytest.raises(ScaleLongError) as info:
-        train(load_config("configs/demo.yaml", overrides), progress=False, step_hooks=[damage])
+        train(load_config("configs/demo_uvit.yaml", overrides), progress=False, step_hooks=[damage])
     message = str(info.value)
     assert "\n" not in message and "corrupt or unreadable image" in message and "3.png" in message
 
@@ -231,10 +231,10 @@ def test_grey_image_folder_loads_with_one_channel_and_trains(tmp_path, capsys):
         (["data.channels=1", "model.uvit.in_channels=3"], ["data.channels=1", "as grey"]),
         (["data.channels=2", "model.uvit.in_channels=1"], ["data.channels must be 3 (RGB) or 1 (grey)"]),
     ):
-        one_line_error(lambda extra=extra: load_config("configs/demo.yaml", base + extra), *words)
+        one_line_error(lambda extra=extra: load_config("configs/demo_uvit.yaml", base + extra), *words)
 
     overrides = [*base, "data.channels=1", "model.uvit.in_channels=1", "train.tensorboard=false"]
-    assert main(["train", "configs/demo.yaml", *overrides, "--no-progress"]) == 0
+    assert main(["train", "configs/demo_uvit.yaml", *overrides, "--no-progress"]) == 0
     assert "final loss" in capsys.readouterr().out
     assert load_config(tmp_path / "runs" / "grey" / "config.yaml").data.channels == 1
 

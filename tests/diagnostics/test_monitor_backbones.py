@@ -220,7 +220,7 @@ def diffusers_run(tmp_path_factory) -> RunDir:
 
     out = tmp_path_factory.mktemp("train")
     torch.manual_seed(0)
-    cfg = load_config("configs/demo.yaml", [f"out_dir={out}", "name=diffusers", *TOY_DIFFUSERS])
+    cfg = load_config("configs/demo_uvit.yaml", [f"out_dir={out}", "name=diffusers", *TOY_DIFFUSERS])
     return RunDir(train(cfg, progress=False).run_dir)
 
 

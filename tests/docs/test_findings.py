@@ -381,3 +381,25 @@ def fp16_lr_clause(cells, lr: float) -> str:
 
 def test_the_fp16_basin_in_the_readme():
     assert_quoted("README.md", fp16_readme_sentence())
+
+
+def demo_seed_rows() -> list[str]:
+    """The demo recipe's table of `scalelong train demo` seeds, from the runs' record: FD-MNIST at
+    each evaluation and re-scored on 1,000 samples, the confident share, the wall time and its cost
+    in reference steps (the mean of the reference step measured before and after)."""
+    record = json.loads((RESULTS / "demo-unet" / "train-demo-seeds.json").read_text())
+    ref = sum(record["reference_step_s"].values()) / 2
+    rows = []
+    for seed, r in record["runs"].items():
+        evals = " / ".join(f"{e['fd']:.1f}" for e in r["evaluations"])
+        rows.append(
+            f"| {seed} | {evals} | **{r['fd_mnist_1000']:.1f}** | {r['confident']:.2f} | "
+            f"{r['wall_s']:,.0f} s | {r['wall_s'] / ref:,.0f} |"
+        )
+    mean = sum(r["fd_mnist_1000"] for r in record["runs"].values()) / len(record["runs"])
+    return [*rows, f"Mean {mean:.1f} over the three seeds"]
+
+
+def test_the_demo_seeds_as_quoted():
+    for fragment in demo_seed_rows():
+        assert_quoted("docs/demo-recipe.md", fragment)

@@ -56,7 +56,7 @@ def test_mean_image_error_is_the_pixel_variance():
 
 
 def test_probe_images_are_held_out_and_class_balanced():
-    cfg = load_config("configs/demo.yaml")
+    cfg = load_config("configs/demo_uvit.yaml")
     images, labels, held_out = probe_images(cfg, 100)
     assert held_out and images.shape == (100, 1, 32, 32)
     assert torch.bincount(labels, minlength=10).tolist() == [10] * 10
@@ -64,7 +64,7 @@ def test_probe_images_are_held_out_and_class_balanced():
 
 def test_trainer_logs_noise_levels_and_analyze_plots_them(tmp_path):
     cfg = load_config(
-        "configs/demo.yaml",
+        "configs/demo_uvit.yaml",
         [*tiny_uvit_overrides("nl", tmp_path, steps=10), "diagnostics.noise_levels=32"]
         + ["diagnostics.noise_levels_every=5", "diffusion.prediction=v"],
     )
@@ -87,7 +87,7 @@ def test_trainer_logs_noise_levels_and_analyze_plots_them(tmp_path):
 
 def test_noise_levels_off(tmp_path):
     cfg = load_config(
-        "configs/demo.yaml", [*tiny_uvit_overrides("noprobe", tmp_path, 5), "diagnostics.noise_levels=0"]
+        "configs/demo_uvit.yaml", [*tiny_uvit_overrides("noprobe", tmp_path, 5), "diagnostics.noise_levels=0"]
     )
     train(cfg, progress=False)
     text = (tmp_path / "noprobe" / "metrics.jsonl").read_text()
@@ -96,7 +96,7 @@ def test_noise_levels_off(tmp_path):
 
 def test_the_untrained_model_and_the_raw_weights_are_measured_when_asked(tmp_path, capsys):
     cfg = load_config(
-        "configs/demo.yaml",
+        "configs/demo_uvit.yaml",
         [*tiny_uvit_overrides("raw", tmp_path, steps=6), "diagnostics.noise_levels=16"]
         + [
             "diagnostics.noise_levels_raw=true",

@@ -210,12 +210,12 @@ def test_a_resume_in_another_precision_is_refused(tmp_path, monkeypatch, capsys)
     args = [f"{o}" for o in tiny_uvit_overrides("moved", tmp_path) if "steps" not in o and "mixed" not in o]
     args += ["train.mixed_precision=bf16", "train.checkpoint_every=2", "sample.num_images=0"]
     args += ["diagnostics.noise_levels=0", "train.batch_size=8", "train.tensorboard=false"]
-    assert main(["train", "demo", "--no-progress", *args, "train.steps=2"]) == 0
+    assert main(["train", "demo_uvit", "--no-progress", *args, "train.steps=2"]) == 0
     monkeypatch.setattr(
         scalelong.training.launch, "cpu_has_bf16", lambda: False
     )  # a machine where bf16 is fp32
     capsys.readouterr()
-    assert main(["train", "demo", "--no-progress", *args, "train.steps=4"]) == 2
+    assert main(["train", "demo_uvit", "--no-progress", *args, "train.steps=4"]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "written by a run in bf16 and this run computes in fp32" in err
 
@@ -235,7 +235,7 @@ def test_fp16_sampling_on_the_cpu_runs_the_forward_under_the_policy(monkeypatch)
     from scalelong.training.build import build_model
     from scalelong.training.evaluation import forward_precision, sample_features
 
-    cfg = load_config("configs/demo.yaml", tiny_uvit_overrides("s", "/nonexistent", 1))
+    cfg = load_config("configs/demo_uvit.yaml", tiny_uvit_overrides("s", "/nonexistent", 1))
     model = build_model(cfg.model).eval()
     flat = lambda images: images.flatten(1)  # noqa: E731  the pixels as features
     plain = sample_features(model, cfg, flat, range(4), "dpm_solver", 5, 4, "cpu")

@@ -283,7 +283,7 @@ def test_the_diagnostics_see_the_merged_skip_and_no_coefficient_under_skip_norm(
 def test_scalelong_train_trains_each_at_toy_size_and_analyze_reads_it(method, tmp_path, capsys):
     overrides = tiny_uvit_overrides(method, tmp_path, steps=6, method=method)
     overrides += ["diagnostics.every=2", "train.log_every=2", "train.tensorboard=false", "train.device=cpu"]
-    assert main(["train", "demo", *overrides]) == 0, capsys.readouterr().err
+    assert main(["train", "demo_uvit", *overrides]) == 0, capsys.readouterr().err
     records = [json.loads(line) for line in (tmp_path / method / "metrics.jsonl").read_text().splitlines()]
     logged = [r for r in records if "feature_norm" in r]
     assert [r["step"] for r in logged] == [2, 4, 6]

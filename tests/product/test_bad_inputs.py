@@ -43,7 +43,7 @@ def refused(capsys, argv: list, *words: str) -> str:
 @pytest.mark.parametrize("command", ["train", "info"])
 def test_bad_numbers_in_the_config(tmp_path, capsys, monkeypatch, override, words, command):
     monkeypatch.chdir(tmp_path)
-    config = REPO / "configs" / "demo.yaml"
+    config = REPO / "configs" / "demo_uvit.yaml"
     argv = [command, config, *tiny_uvit_overrides("bad", tmp_path / "runs"), *override.split()]
     refused(capsys, argv, *words)
     assert files_under(tmp_path) == []
@@ -78,7 +78,7 @@ def test_bad_sampling_arguments(tmp_path, capsys, args, words):
 
 def test_out_dir_that_is_a_file(tmp_path, capsys):
     (tmp_path / "runs").write_text("a file")
-    config = REPO / "configs" / "demo.yaml"
+    config = REPO / "configs" / "demo_uvit.yaml"
     for out_dir in (tmp_path / "runs", tmp_path / "runs" / "deeper"):
         argv = ["train", config, *tiny_uvit_overrides("bad", out_dir), "--no-progress"]
         refused(capsys, argv, "is a file, not a folder", "choose another out_dir=")
@@ -86,7 +86,7 @@ def test_out_dir_that_is_a_file(tmp_path, capsys):
 
 
 def test_a_batch_larger_than_the_data_is_found_before_the_run_directory(tmp_path, capsys):
-    config = REPO / "configs" / "demo.yaml"
+    config = REPO / "configs" / "demo_uvit.yaml"
     argv = ["train", config, *tiny_uvit_overrides("big", tmp_path / "runs", steps=2), "--no-progress"]
     refused(capsys, [*argv, "train.batch_size=100000"], "fewer than one batch of train.batch_size=100000")
     assert files_under(tmp_path) == []
@@ -95,7 +95,7 @@ def test_a_batch_larger_than_the_data_is_found_before_the_run_directory(tmp_path
 
 
 def test_contradicting_flags_and_an_emptied_config_yaml(tmp_path, capsys):
-    config = REPO / "configs" / "demo.yaml"
+    config = REPO / "configs" / "demo_uvit.yaml"
     argv = ["train", config, *tiny_uvit_overrides("run", tmp_path / "runs"), "--no-progress"]
     refused(capsys, [*argv, "--overwrite", "--resume"], "--overwrite and --resume contradict")
     assert files_under(tmp_path) == []

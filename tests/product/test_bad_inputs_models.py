@@ -22,7 +22,7 @@ from scalelong.training.build import build_model, check_model, check_models
 from scalelong.training.checkpoint import save_checkpoint
 from scalelong.training.config import config_to_dict, load_config, save_config
 
-DEMO = REPO / "configs" / "demo.yaml"
+DEMO = REPO / "configs" / "demo_uvit.yaml"
 
 UNET = ["model.type=unet", "model.unet.in_channels=1", "model.unet.attn_resolutions=[]"]
 DIFFUSERS = ["model.type=diffusers_unet2d", "model.diffusers_unet2d.in_channels=1"]

@@ -240,7 +240,7 @@ def test_installed_wheel_trains_and_samples_outside_the_clone(wheel, tmp_path):
     sampling = ["--steps", 2, "--no-progress"]
     listing, _, _, scored = scalelong_cli(
         ["configs"],
-        ["train", "demo", *overrides, "--no-progress"],
+        ["train", "demo_uvit", *overrides, "--no-progress"],
         ["sample", run_dir, "--n", 2, "--out", work / "samples", *sampling],
         ["eval", run_dir, "--n", 4, "--metric", "fd-mnist", *sampling],
     )
@@ -250,7 +250,7 @@ def test_installed_wheel_trains_and_samples_outside_the_clone(wheel, tmp_path):
     assert json.loads((run_dir / "summary.json").read_text())["status"] == "complete"
     assert (run_dir / "checkpoints" / "step-000003" / "ema.safetensors").is_file()
     stored = yaml.safe_load((run_dir / "config.yaml").read_text())
-    assert stored == config_to_dict(load_config("configs/demo.yaml", overrides))  # the clone's recipe
+    assert stored == config_to_dict(load_config("configs/demo_uvit.yaml", overrides))  # the clone's recipe
 
     with Image.open(work / "samples" / "000001.png") as image:
         assert image.size == (32, 32)

@@ -45,7 +45,7 @@ def train_args(name: str, out_dir: Path) -> list[str]:
         "train.tensorboard=false",
         "sample.num_images=0",
     ]
-    return ["train", "configs/demo.yaml", *overrides, "--num-processes", "2", "--no-progress"]
+    return ["train", "configs/demo_uvit.yaml", *overrides, "--num-processes", "2", "--no-progress"]
 
 
 def env(marks: Path | None = None) -> dict:

@@ -53,7 +53,7 @@ def launch_two(train_args: list[str], script: list[str] | None = None) -> subpro
         "0",
     ]
     cmd += script or ["-m", "scalelong.cli"]
-    cmd += ["train", "configs/demo.yaml", *train_args, "--no-progress"]
+    cmd += ["train", "configs/demo_uvit.yaml", *train_args, "--no-progress"]
     return subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
 
 
@@ -113,7 +113,9 @@ def assert_trained_like_one_process(
     trainer = torch.load(run / "checkpoints" / "step-000006" / "trainer.pt", weights_only=True)
     assert trainer["num_processes"] == 2 and len(trainer["rng"]) == 2
 
-    one = train(load_config("configs/demo.yaml", [*overrides("one", tmp_path), *evaluation]), progress=False)
+    one = train(
+        load_config("configs/demo_uvit.yaml", [*overrides("one", tmp_path), *evaluation]), progress=False
+    )
     for weights in ("model.safetensors", "ema.safetensors"):
         a = load_file(one.checkpoint / weights)
         b = load_file(run / "checkpoints" / "step-000006" / weights)
@@ -164,7 +166,7 @@ def test_cpu_processes_launches_data_parallel_processes_of_a_share_of_the_cores(
     monkeypatch.delenv("WORLD_SIZE", raising=False)
     args = [
         "train",
-        "configs/demo.yaml",
+        "configs/demo_uvit.yaml",
         *overrides("cpu", tmp_path),
         "train.cpu_processes=4",
         "--no-progress",
@@ -172,7 +174,7 @@ def test_cpu_processes_launches_data_parallel_processes_of_a_share_of_the_cores(
     assert cli.main(args) == 0
     ((n, child),) = launched
     assert n == 2  # at most one per core
-    assert child[:2] == ["train", "configs/demo.yaml"] and child[-3:] == [
+    assert child[:2] == ["train", "configs/demo_uvit.yaml"] and child[-3:] == [
         "--no-progress",
         "--num-processes",
         "1",
@@ -181,9 +183,9 @@ def test_cpu_processes_launches_data_parallel_processes_of_a_share_of_the_cores(
 
     launched.clear()
     monkeypatch.setenv("WORLD_SIZE", "2")  # a launched process does not launch again
-    assert cpu_processes(load_config("configs/demo.yaml", ["train.cpu_processes=2"])) == 1
+    assert cpu_processes(load_config("configs/demo_uvit.yaml", ["train.cpu_processes=2"])) == 1
     monkeypatch.delenv("WORLD_SIZE")
-    assert cpu_processes(load_config("configs/demo.yaml", ["train.cpu_processes=1"])) == 1
+    assert cpu_processes(load_config("configs/demo_uvit.yaml", ["train.cpu_processes=1"])) == 1
 
 
 def test_launched_cpu_processes_share_the_cores(monkeypatch):

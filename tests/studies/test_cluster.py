@@ -71,7 +71,7 @@ def test_jobs_place_each_worker_on_its_own_gpus(gpus):
 
 
 def sweep_args(tmp_path) -> list[str]:
-    return ["sweep", "demo", *learning_uvit_overrides(tmp_path), "train.device=auto", "--no-progress"]
+    return ["sweep", "demo_uvit", *learning_uvit_overrides(tmp_path), "train.device=auto", "--no-progress"]
 
 
 def test_too_many_gpus_is_one_error_line_and_nothing_is_written(gpus, tmp_path, capsys):
@@ -124,7 +124,8 @@ def test_each_pool_worker_sees_only_its_own_gpus():
 def tiny_configs(tmp_path, methods=("none", "cs"), device="auto"):
     overrides = [*learning_uvit_overrides(tmp_path), f"train.device={device}", "train.steps=4"]
     return [
-        method_config(load_config("configs/demo.yaml", overrides), m, 0, tmp_path / "runs") for m in methods
+        method_config(load_config("configs/demo_uvit.yaml", overrides), m, 0, tmp_path / "runs")
+        for m in methods
     ]
 
 
@@ -271,7 +272,7 @@ def test_slurm_submits_one_job_array_and_never_submits_a_run_twice(tmp_path, mon
 
 @pytest.mark.slow
 def test_report_only_reports_the_finished_runs_of_a_comparison(tmp_path, capsys):
-    args = ["compare", "demo", *learning_uvit_overrides(tmp_path), "--steps", "4", "--no-progress"]
+    args = ["compare", "demo_uvit", *learning_uvit_overrides(tmp_path), "--steps", "4", "--no-progress"]
     assert main([*args, "--methods", "cs,none", "--report-only"]) == 2
     assert "no run of the baseline 'cs' has finished" in capsys.readouterr().err
     assert main([*args, "--methods", "cs"]) == 0  # the baseline's run, as a first job would leave it
@@ -324,7 +325,7 @@ def test_a_sweep_of_local_jobs_killed_and_requeued_midway_reports_what_the_pool_
 
     def sweep(folder: Path, *flags: str) -> list[str]:
         overrides = [*learning_uvit_overrides(folder), "train.steps=8", "train.log_every=2"]
-        return ["sweep", "configs/demo.yaml", *overrides, "train.checkpoint_every=4", *grid, *flags]
+        return ["sweep", "configs/demo_uvit.yaml", *overrides, "train.checkpoint_every=4", *grid, *flags]
 
     command = sweep(tmp_path / "cluster", "--executor", "local", "--jobs", "2")
     folder = tmp_path / "cluster" / "t-sweep"

@@ -45,7 +45,7 @@ def test_the_tail_reads_a_cut_last_line_once_it_is_whole_and_rereads_a_rewritten
 
 def compare_command(tmp_path, *flags):
     overrides = tiny_uvit_overrides("p", tmp_path, steps=30)
-    return ["compare", "configs/demo.yaml", "--methods", "none,cs", *overrides, *flags]
+    return ["compare", "configs/demo_uvit.yaml", "--methods", "none,cs", *overrides, *flags]
 
 
 def test_a_compare_prints_plain_progress_lines_and_a_final_line_per_run(tmp_path, capsys, monkeypatch):
@@ -71,7 +71,7 @@ def test_no_progress_prints_no_progress_lines(tmp_path, capsys, monkeypatch):
 
 def test_a_sweep_on_two_workers_shows_both_runs_through_a_pipe(tmp_path):
     """The workers write only their logs; the parent reads them and prints every run's line."""
-    command = ["sweep", "configs/demo.yaml", *learning_uvit_overrides(tmp_path), "train.steps=60",
+    command = ["sweep", "configs/demo_uvit.yaml", *learning_uvit_overrides(tmp_path), "train.steps=60",
                "--methods", "none,cs", "--lrs", "1e-3", "--depths", "4", "--jobs", "2"]  # fmt: skip
     script = (
         "import sys; from scalelong.studies import progress; progress.PLAIN_EVERY_S = 0.5; "

@@ -43,9 +43,9 @@ def test_config_names_the_loss_weighting():
 
 def test_grad_accum_must_divide_the_batch():
     with pytest.raises(ScaleLongError, match=r"^train.batch_size=32 must be divisible by train.grad_accum=3"):
-        load_config("configs/demo.yaml", ["train.grad_accum=3"])
+        load_config("configs/demo_uvit.yaml", ["train.grad_accum=3"])
     with pytest.raises(ScaleLongError, match="train.grad_accum must be > 0"):
-        load_config("configs/demo.yaml", ["train.grad_accum=0"])
+        load_config("configs/demo_uvit.yaml", ["train.grad_accum=0"])
     assert micro_batch_size(1024, 8, 4) == 32
     with pytest.raises(ScaleLongError, match=r"^train.batch_size=32 must be divisible by 3 process\(es\) x "):
         micro_batch_size(32, 3, 2)
@@ -56,13 +56,13 @@ def test_fast_path_keys_are_validated_at_the_edge():
         ScaleLongError,
         match=r"optim.implementation='fast' is not supported; choose one of default, foreach, fused",
     ):
-        load_config("configs/demo.yaml", ["optim.implementation=fast"])
+        load_config("configs/demo_uvit.yaml", ["optim.implementation=fast"])
     with pytest.raises(
         ScaleLongError, match=r"eval.mixed_precision='fp8' is not supported; choose one of no, fp16, bf16"
     ):
-        load_config("configs/demo.yaml", ["eval.mixed_precision=fp8"])
-    assert load_config("configs/demo.yaml", ["eval.mixed_precision=no"]).eval.mixed_precision == "no"
-    assert load_config("configs/demo.yaml", ["eval.mixed_precision=fp16"]).eval.mixed_precision == "fp16"
+        load_config("configs/demo_uvit.yaml", ["eval.mixed_precision=fp8"])
+    assert load_config("configs/demo_uvit.yaml", ["eval.mixed_precision=no"]).eval.mixed_precision == "no"
+    assert load_config("configs/demo_uvit.yaml", ["eval.mixed_precision=fp16"]).eval.mixed_precision == "fp16"
 
 
 def test_eval_config_validation() -> None:

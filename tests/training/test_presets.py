@@ -15,6 +15,7 @@ SHIPPED = [
     "cifar10_unet_ddpm",
     "cifar10_uvit_s2",
     "demo",
+    "demo_uvit",
     "imagenet64_uvit_m4",
     "mscoco_uvit_s2_t2i",
     "stability",
@@ -43,7 +44,8 @@ def test_every_preset_has_a_one_line_description():
     for name, description in table.items():
         # A sentence of its own: the first line of the file's leading comment.
         assert description.endswith(".") and len(description) <= 100, (name, description)
-    assert table["demo"].startswith("The demo: a small, deep U-ViT")
+    assert table["demo"].startswith("The demo: a small convolutional UNet")
+    assert table["demo_uvit"].startswith("The demo's U-ViT")
 
 
 def test_configs_command_lists_every_preset(capsys):
@@ -79,10 +81,10 @@ def test_paths_are_never_preset_names(tmp_path, monkeypatch):
 
 def test_the_command_line_takes_a_preset_name(tmp_path, monkeypatch, capsys):
     """From a folder without configs/, the name gives what the clone's file gives."""
-    code, from_file, err = run_cli(capsys, "train", "configs/demo.yaml", "--dry-run")
+    code, from_file, err = run_cli(capsys, "train", "configs/demo_uvit.yaml", "--dry-run")
     assert code == 0, err
     monkeypatch.chdir(tmp_path)
-    code, from_name, err = run_cli(capsys, "train", "demo", "--dry-run")
+    code, from_name, err = run_cli(capsys, "train", "demo_uvit", "--dry-run")
     assert code == 0, err
     assert from_name == from_file and "model: uvit" in from_name
     code, from_name, err = run_cli(capsys, "info", "cifar10_uvit_s2", "model.skip.method=cs")
@@ -90,8 +92,8 @@ def test_the_command_line_takes_a_preset_name(tmp_path, monkeypatch, capsys):
     assert "44,255,328 parameters" in from_name
 
 
-def test_the_stability_preset_is_the_demo_network_at_a_constant_lr(capsys):
-    stability, demo = config_to_dict(load_config("stability")), config_to_dict(load_config("demo"))
+def test_the_stability_preset_is_the_demo_uvit_at_a_constant_lr(capsys):
+    stability, demo = config_to_dict(load_config("stability")), config_to_dict(load_config("demo_uvit"))
     for section in ("model", "data", "diffusion"):
         assert stability[section] == demo[section], section
     assert stability["train"]["ema_decay"] == demo["train"]["ema_decay"]
@@ -123,7 +125,7 @@ def test_every_config_command_resolves_names(command, tmp_path, monkeypatch, cap
     monkeypatch.chdir(tmp_path)
     extra = CONFIG_COMMANDS[command]
     # The preset is found and read: the error is about its content, found after loading it.
-    code, out, err = run_cli(capsys, command, "demo", "model.uvit.depth=3", *extra)
+    code, out, err = run_cli(capsys, command, "demo_uvit", "model.uvit.depth=3", *extra)
     assert code == 2 and err.strip() == "error: model.uvit.depth must be an even number >= 2, got 3"
     # An unknown name: one line that lists the presets; nothing is written.
     code, out, err = run_cli(capsys, command, "demoo", *extra)

@@ -335,13 +335,13 @@ def test_a_folder_that_holds_no_run_is_never_overwritten(tmp_path):
 
 
 def test_a_key_added_since_a_run_was_written_reads_as_its_default():
-    cfg = load_config("demo")
+    cfg = load_config("demo_uvit")
     stored = config_to_dict(cfg)
     del stored["model"]["uvit"]["skip_linear_skip_scale_init"]  # written before the key existed
     assert config_differences(stored, config_to_dict(cfg)) == []
     stored["optim"]["lr"] = 1.0  # a real difference still shows, with the stored value
     assert config_differences(stored, config_to_dict(cfg)) == ["optim.lr: 1.0 -> 0.005"]
-    # a missing key is the default, not the new config's value: the demo turns mlp_conv on
+    # a missing key is the default, not the new config's value: the demo U-ViT turns mlp_conv on
     stored = config_to_dict(cfg)
     del stored["model"]["uvit"]["mlp_conv"]
     assert config_differences(stored, config_to_dict(cfg)) == ["model.uvit.mlp_conv: False -> True"]

@@ -484,7 +484,13 @@ def test_a_t2i_run_that_cannot_be_scored_is_refused_in_one_line_before_training(
     refused([*argv, f"eval.fid_stats={smaller}"], match="16x16")
     # the grid drawn at the end of training has no prompts: `scalelong sample RUN --prompt` draws them
     refused([*argv, "sample.num_images=4"], match="sample.num_images")
-    digits = ["train", "configs/demo.yaml", f"out_dir={tmp_path / 'runs'}", "name=digits", "eval.every=2"]
+    digits = [
+        "train",
+        "configs/demo_uvit.yaml",
+        f"out_dir={tmp_path / 'runs'}",
+        "name=digits",
+        "eval.every=2",
+    ]
     refused(
         [*digits, f"eval.captions={t2i_training.captions}"], "text-to-image", tmp_path / "runs" / "digits"
     )

@@ -12,7 +12,7 @@ from scalelong.training.train import train
 
 
 def test_30_steps_lower_the_loss(tmp_path):
-    cfg = load_config("configs/demo.yaml", tiny_uvit_overrides("fall", tmp_path, steps=30))
+    cfg = load_config("configs/demo_uvit.yaml", tiny_uvit_overrides("fall", tmp_path, steps=30))
     result = train(cfg, progress=False)
     records = [json.loads(line) for line in (result.run_dir / "metrics.jsonl").read_text().splitlines()]
     losses = [r["loss"] for r in records if "loss" in r]
@@ -30,7 +30,7 @@ def test_30_steps_lower_the_loss(tmp_path):
 def test_same_config_gives_identical_weights(tmp_path):
     weights = []
     for name in ("a", "b"):
-        cfg = load_config("configs/demo.yaml", tiny_uvit_overrides(name, tmp_path, steps=8, method="ls"))
+        cfg = load_config("configs/demo_uvit.yaml", tiny_uvit_overrides(name, tmp_path, steps=8, method="ls"))
         result = train(cfg, progress=False)
         weights.append(load_file(result.checkpoint / "model.safetensors"))
     assert weights[0].keys() == weights[1].keys()
@@ -49,7 +49,7 @@ def test_same_config_gives_identical_weights(tmp_path):
 def test_trainer_logs_diagnostics_with_the_index_convention(tmp_path):
     overrides = tiny_uvit_overrides("diag", tmp_path, steps=10, method="cs")
     overrides += ["model.uvit.depth=4", "model.skip.kappa=0.5", "diagnostics.every=5"]
-    result = train(load_config("configs/demo.yaml", overrides), progress=False)
+    result = train(load_config("configs/demo_uvit.yaml", overrides), progress=False)
     records = [json.loads(line) for line in (result.run_dir / "metrics.jsonl").read_text().splitlines()]
     diag = [r for r in records if "feature_norm" in r]
     assert [r["step"] for r in diag] == [5, 10]
@@ -62,7 +62,7 @@ def test_trainer_logs_diagnostics_with_the_index_convention(tmp_path):
 
 def test_diagnostics_off_logs_no_skip_statistics(tmp_path):
     overrides = tiny_uvit_overrides("nodiag", tmp_path, steps=5) + ["diagnostics.every=0"]
-    result = train(load_config("configs/demo.yaml", overrides), progress=False)
+    result = train(load_config("configs/demo_uvit.yaml", overrides), progress=False)
     text = (result.run_dir / "metrics.jsonl").read_text()
     assert "skip/" not in text and "feature_norm" not in text
 
@@ -74,7 +74,7 @@ def test_the_summary_records_what_made_the_run(tmp_path):
     from scalelong.training.launch import cpu_has_bf16
 
     overrides = tiny_uvit_overrides("prov", tmp_path, steps=2) + ["train.mixed_precision=bf16"]
-    result = train(load_config("configs/demo.yaml", overrides), progress=False)
+    result = train(load_config("configs/demo_uvit.yaml", overrides), progress=False)
     made = json.loads((result.run_dir / "summary.json").read_text())["provenance"]
     assert made["torch"] == torch.__version__ and made["device"] == "cpu"
     assert made["precision"] == ("bf16" if cpu_has_bf16() else "fp32")
@@ -91,7 +91,7 @@ def test_evaluation_during_training_and_final_rescore_of_the_best_step(tmp_path)
         "eval.final_num_samples=30",
         "train.checkpoint_every=5",
     ]
-    result = train(load_config("configs/demo.yaml", overrides), progress=False)
+    result = train(load_config("configs/demo_uvit.yaml", overrides), progress=False)
     records = [json.loads(line) for line in (result.run_dir / "metrics.jsonl").read_text().splitlines()]
     fds = {r["step"]: r["fd"] for r in records if "fd" in r}
     assert sorted(fds) == [5, 10] and all(v > 0 for v in fds.values())
@@ -115,7 +115,7 @@ def test_grad_accum_4_micro_batches_of_8_equal_one_batch_of_32_through_resume(tm
     ]
 
     def run(name: str, *extra: str):
-        return train(load_config("configs/demo.yaml", [*base, f"name={name}", *extra]), progress=False)
+        return train(load_config("configs/demo_uvit.yaml", [*base, f"name={name}", *extra]), progress=False)
 
     def records(result) -> dict[int, dict]:
         return {r["step"]: r for r in RunDir(result.run_dir).metrics()}  # non-finite values as floats
@@ -152,7 +152,7 @@ def test_grad_accum_4_micro_batches_of_8_equal_one_batch_of_32_through_resume(tm
 def test_a_run_is_evaluated_at_its_last_step_too():
     from scalelong.training.evaluation import TrainingEvaluator
 
-    cfg = load_config("configs/demo.yaml", ["train.steps=1950", "eval.every=1300"])
+    cfg = load_config("configs/demo_uvit.yaml", ["train.steps=1950", "eval.every=1300"])
     evaluator = TrainingEvaluator.__new__(TrainingEvaluator)  # due() reads the config only
     evaluator.cfg, evaluator.e = cfg, cfg.eval
     assert [s for s in range(1, 1951) if evaluator.due(s)] == [1300, 1950]

@@ -30,7 +30,7 @@ def test_compiled_training_matches_eager_and_keeps_diagnostics(tmp_path, monkeyp
     for name, compiled in (("eager", "false"), ("compiled", "true")):
         overrides = tiny_uvit_overrides(name, tmp_path, steps=6, method="ls")
         overrides += [f"train.compile={compiled}", "diagnostics.every=3", "sample.num_images=0"]
-        result = train(load_config("configs/demo.yaml", overrides), progress=False)
+        result = train(load_config("configs/demo_uvit.yaml", overrides), progress=False)
         runs[name] = [
             json.loads(line) for line in (result.run_dir / "metrics.jsonl").read_text().splitlines()
         ]
@@ -60,10 +60,12 @@ def test_a_failing_compile_falls_back_to_eager_with_one_line(tmp_path, monkeypat
 
         return forward
 
-    eager = train(load_config("configs/demo.yaml", tiny_uvit_overrides("eager", tmp_path, 6)), progress=False)
+    eager = train(
+        load_config("configs/demo_uvit.yaml", tiny_uvit_overrides("eager", tmp_path, 6)), progress=False
+    )
     monkeypatch.setattr(torch, "compile", broken)
     cfg = load_config(
-        "configs/demo.yaml", tiny_uvit_overrides("broken", tmp_path, 6) + ["train.compile=true"]
+        "configs/demo_uvit.yaml", tiny_uvit_overrides("broken", tmp_path, 6) + ["train.compile=true"]
     )
     result = train(cfg, progress=False)
     warnings = [line for line in capsys.readouterr().out.splitlines() if line.startswith("warning:")]
@@ -82,7 +84,9 @@ def test_an_error_of_the_model_under_compile_is_not_swallowed(tmp_path, monkeypa
         return forward
 
     monkeypatch.setattr(torch, "compile", raising)
-    cfg = load_config("configs/demo.yaml", tiny_uvit_overrides("bug", tmp_path, 3) + ["train.compile=true"])
+    cfg = load_config(
+        "configs/demo_uvit.yaml", tiny_uvit_overrides("bug", tmp_path, 3) + ["train.compile=true"]
+    )
     try:
         train(cfg, progress=False)
     except ValueError as e:
@@ -144,7 +148,7 @@ def test_bf16_on_a_cpu_without_bf16_trains_in_fp32_with_one_line(monkeypatch, ca
     monkeypatch.setattr(launch, "cpu_has_bf16", lambda: False)
     captured = {}
     monkeypatch.setattr("accelerate.Accelerator", lambda **kw: captured.update(kw) or kw)
-    cfg = load_config("configs/demo.yaml", ["train.device=cpu", "train.mixed_precision=bf16"])
+    cfg = load_config("configs/demo_uvit.yaml", ["train.device=cpu", "train.mixed_precision=bf16"])
     launch.make_accelerator(cfg)
     assert captured["mixed_precision"] == "no"
     assert capsys.readouterr().out.startswith("warning: train.mixed_precision=bf16: this CPU has no bf16")
@@ -159,7 +163,7 @@ def test_bf16_sampling_scores_close_to_fp32(monkeypatch):
     from scalelong.training.evaluation import sample_features
 
     monkeypatch.setattr(launch, "cpu_has_bf16", lambda: True)  # the bf16 numerics, on any CPU
-    cfg = load_config("configs/demo.yaml", tiny_uvit_overrides("s", "/nonexistent", 1))
+    cfg = load_config("configs/demo_uvit.yaml", tiny_uvit_overrides("s", "/nonexistent", 1))
     torch.manual_seed(0)
     model = build_model(cfg.model).eval()
     flat = lambda images: images.flatten(1)  # noqa: E731  the pixels as features
@@ -179,7 +183,7 @@ def test_bf16_sampling_on_a_cpu_without_bf16_runs_in_fp32_and_says_so_once(tmp_p
 
     monkeypatch.setattr(launch, "cpu_has_bf16", lambda: False)
     overrides = tiny_uvit_overrides("s", tmp_path, 1) + ["eval.every=1", "eval.num_samples=4", "eval.steps=2"]
-    cfg = load_config("configs/demo.yaml", [*overrides, "eval.mixed_precision=bf16"])
+    cfg = load_config("configs/demo_uvit.yaml", [*overrides, "eval.mixed_precision=bf16"])
     torch.manual_seed(0)
     model = build_model(cfg.model).eval()
     flat = lambda images: images.flatten(1)  # noqa: E731  the pixels as features

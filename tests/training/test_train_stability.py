@@ -51,7 +51,7 @@ def test_nan_at_every_step_stops_after_k_with_exit_2(tmp_path, capsys, monkeypat
     code = main(
         [
             "train",
-            "configs/demo.yaml",
+            "configs/demo_uvit.yaml",
             *cfg_args,
             "--no-progress",
             "train.device=cpu",

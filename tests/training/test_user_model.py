@@ -107,7 +107,9 @@ def own_overrides(tmp_path, builder: str, *extra: str) -> list[str]:
 
 def test_the_builder_s_network_gets_the_found_skips(tmp_path):
     file = write_network(tmp_path)
-    cfg = load_config("configs/demo.yaml", own_overrides(tmp_path, f"{file}:build", "model.skip.method=cs"))
+    cfg = load_config(
+        "configs/demo_uvit.yaml", own_overrides(tmp_path, f"{file}:build", "model.skip.method=cs")
+    )
     model = build_model(cfg.model)
     assert model.skip_shapes(1) == [(1, 4, 16, 16), (1, 8, 8, 8)]
     assert model.net.scalelong.coefficients() == [1.0, 0.5]  # the demo's kappa 0.5, skip 1 outermost
@@ -138,7 +140,7 @@ def test_a_diffusers_unet_from_a_builder_goes_through_its_adapter(tmp_path, caps
     file = write_network(tmp_path)
     argv = [
         "info",
-        "configs/demo.yaml",
+        "configs/demo_uvit.yaml",
         *own_overrides(tmp_path, f"{file}:diffusers_unet"),
         "model.skip.method=cs",
     ]
@@ -147,7 +149,7 @@ def test_a_diffusers_unet_from_a_builder_goes_through_its_adapter(tmp_path, caps
     assert "model: python" in out and out.count("x16x16") == 2 and out.count("x8x8") == 2  # its 4 skips
     last = next(line for line in out.splitlines() if line.startswith("   4  "))
     assert last.split() == ["4", "8x8x8", "net.up_blocks.0(res_hidden_states_tuple[1])", "0.125"]  # 0.5 ** 3
-    cfg = load_config("configs/demo.yaml", argv[2:])
+    cfg = load_config("configs/demo_uvit.yaml", argv[2:])
     model = build_model(cfg.model)
     assert model(torch.randn(2, 1, 16, 16), torch.full((2,), 10.0)).shape == (2, 1, 16, 16)  # .sample
 
@@ -155,7 +157,7 @@ def test_a_diffusers_unet_from_a_builder_goes_through_its_adapter(tmp_path, caps
 def test_sweep_trains_a_network_from_outside_the_package_on_a_folder_of_images(tmp_path, capsys):
     file = write_network(tmp_path)
     write_images(tmp_path / "images")
-    base = ["sweep", "configs/demo.yaml", *own_overrides(tmp_path, f"{file}:build")]
+    base = ["sweep", "configs/demo_uvit.yaml", *own_overrides(tmp_path, f"{file}:build")]
     grid = ["--methods", "none,cs", "--lrs", "1e-3,1e3", "--no-progress"]
     assert main([*base, *grid, "--dry-run"]) == 0
     out = capsys.readouterr().out
@@ -192,7 +194,7 @@ def test_sweep_trains_a_network_from_outside_the_package_on_a_folder_of_images(t
 def test_a_bad_builder_is_one_error_line(tmp_path, capsys, builder, words):
     file = write_network(tmp_path)
     write_images(tmp_path / "images", n=16)
-    argv = ["sweep", "configs/demo.yaml", *own_overrides(tmp_path, builder.format(file=file))]
+    argv = ["sweep", "configs/demo_uvit.yaml", *own_overrides(tmp_path, builder.format(file=file))]
     assert main([*argv, "--methods", "none,cs", "--lrs", "1e-3", "--dry-run"]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and err.startswith("error: ") and "Traceback" not in err

@@ -148,7 +148,7 @@ def test_compare_command_writes_every_plot_and_the_table(tmp_path, capsys):
         "eval.final_num_samples=0",
         "train.checkpoint_every=3",
     ]
-    command = ["compare", "configs/demo.yaml", "--methods", "none,cs,ls", "--no-progress", *overrides]
+    command = ["compare", "configs/demo_uvit.yaml", "--methods", "none,cs,ls", "--no-progress", *overrides]
     assert main(command) == 0
     stdout = capsys.readouterr().out
     report = tmp_path / "cmp-compare"
@@ -297,7 +297,7 @@ def test_criteria_counts_seeds_and_names_what_fired():
 
 
 def tiny_config(tmp_path, *extra):
-    return load_config("configs/demo.yaml", [*learning_uvit_overrides(tmp_path), *extra])
+    return load_config("configs/demo_uvit.yaml", [*learning_uvit_overrides(tmp_path), *extra])
 
 
 def test_share_cores_divides_threads_and_clamps_jobs(capsys):

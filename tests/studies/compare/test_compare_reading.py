@@ -236,7 +236,7 @@ def test_compare_prints_the_reading_and_ends_with_the_path_of_report_html(tmp_pa
 
 
 def study_args(tmp_path) -> list[str]:
-    return ["configs/demo.yaml", *tiny_uvit_overrides("s", tmp_path / "out"), "--methods", "none,cs"]
+    return ["configs/demo_uvit.yaml", *tiny_uvit_overrides("s", tmp_path / "out"), "--methods", "none,cs"]
 
 
 def test_compare_dry_run_lists_the_runs_and_the_first_config_and_writes_nothing(tmp_path, capsys):

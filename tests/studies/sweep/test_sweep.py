@@ -21,7 +21,7 @@ from scalelong.studies.sweep import cell_table, parse_numbers, stability_table
 
 
 def sweep_command(tmp_path):
-    return ["sweep", "configs/demo.yaml", *learning_uvit_overrides(tmp_path), "--no-progress"]
+    return ["sweep", "configs/demo_uvit.yaml", *learning_uvit_overrides(tmp_path), "--no-progress"]
 
 
 def test_parse_numbers_and_cell_names():
@@ -174,7 +174,7 @@ def start_waiting_sweep(tmp_path, methods: str = "none,cs") -> tuple[subprocess.
     process, the directories of the first two runs and the pids of its workers once both wait."""
     overrides = [*learning_uvit_overrides(tmp_path), "train.checkpoint_every=3", "train.log_every=3"]
     command = [sys.executable, str(TESTS / "run_until_killed.py"), "3", "sweep"]
-    command += ["configs/demo.yaml", *overrides, "--methods", methods, "--lrs", "1e-3", "--depths", "4"]
+    command += ["configs/demo_uvit.yaml", *overrides, "--methods", methods, "--lrs", "1e-3", "--depths", "4"]
     env = dict(os.environ, OMP_NUM_THREADS="1", MKL_NUM_THREADS="1")
     proc = subprocess.Popen([*command, "--jobs", "2", "--no-progress"], env=env, text=True,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE)  # fmt: skip

@@ -164,7 +164,7 @@ def tiny(tmp_path) -> list[str]:
 
 def sweep(tmp_path, *args: str) -> int:
     return main(
-        ["sweep", "configs/demo.yaml", *tiny(tmp_path), "--no-progress", "--methods", "none,cs", *args]
+        ["sweep", "configs/demo_uvit.yaml", *tiny(tmp_path), "--no-progress", "--methods", "none,cs", *args]
     )
 
 
@@ -193,7 +193,7 @@ def test_a_sweep_report_embeds_fig1_by_depth_and_the_out_block_views(tmp_path, c
 
     # the report alone, without training: of what finished, at another lr if asked
     (folder / "fig1.png").unlink()
-    base = load_config("configs/demo.yaml", tiny(tmp_path))
+    base = load_config("configs/demo_uvit.yaml", tiny(tmp_path))
     assert report_sweep(base, folder) == folder / "report.md"
     assert (folder / "fig1.png").is_file()
     report_sweep(base, folder, fig1_lr=3e-2)
