@@ -167,6 +167,8 @@ def test_compare_command_writes_every_plot_and_the_table(tmp_path, capsys):
     assert "| confident digits (real 0.96) | class balance (real 1.00) |" in rows[0]  # fd-mnist: beside FD
     assert "Held-out real digits score 0.96 and 1.00" in " ".join(stdout.split())
     assert "data:image/png;base64," in (report / "report.html").read_text()
+    # the network compared, in its own size words
+    assert "uvit (depth 4, width 32), data mnist, 6 steps" in (report / "report.md").read_text()
     # a second call reuses the finished runs instead of training again
     assert main(command) == 0
     assert "parameters" not in capsys.readouterr().out
@@ -368,3 +370,14 @@ def test_compare_with_a_diverging_run_still_writes_its_report(tmp_path):
     n = len(calls)
     again = run_comparison(base, ["none", "cs"], 1, tmp_path / "cmp", progress=False, train_kwargs=hooks)
     assert len(calls) == n and [o.status for o in again.outcomes] == ["reused", "reused"]
+
+
+def test_the_report_names_the_network_by_its_size():
+    from scalelong.studies.compare.report import network_words
+
+    assert (
+        network_words(load_config("demo").model)
+        == "unet (16 channels x [1, 2, 4], 1 residual block(s) a level)"
+    )
+    assert network_words(load_config("demo_uvit").model) == "uvit (depth 12, width 64)"
+    assert network_words(load_config("demo", ["model.type=diffusers_unet2d"]).model) == "diffusers_unet2d"

@@ -57,14 +57,12 @@ def write_comparison_report(
         plots.append(plot_digit_score(averaged, report_dir / "digits.png", real_digit_score()))
     by_name = {p.stem: p for p in plots}
     seeds = len(next(iter(runs.values())))
-    depth = getattr(base.model, base.model.type, None)
     header = (
-        f"{base.model.type} ({'depth ' + str(depth.depth) if hasattr(depth, 'depth') else ''}), "
-        f"data {base.data.name}, {base.train.steps} steps, batch {base.train.batch_size}, "
-        f"{seeds} seed(s) from {base.train.seed}. Values are means over seeds ± the half-width of a "
-        f"95% t-interval. The change in final FD and the speed-up against {baseline} are geometric "
-        "means of the per-seed ratios over the seeds both ran, with 95% intervals (marked unpaired, "
-        "Welch's, where they share no seed). FD is the Frechet distance "
+        f"{network_words(base.model)}, data {base.data.name}, {base.train.steps} steps, batch "
+        f"{base.train.batch_size}, {seeds} seed(s) from {base.train.seed}. Values are means over seeds "
+        f"± the half-width of a 95% t-interval. The change in final FD and the speed-up against {baseline} "
+        "are geometric means of the per-seed ratios over the seeds both ran, with 95% intervals (marked "
+        "unpaired, Welch's, where they share no seed). FD is the Frechet distance "
         f"({base.eval.metric}) of EMA samples."
     )
     parts = [f"# ScaleLong comparison: {', '.join(runs)}", header, table]
@@ -101,6 +99,19 @@ def write_comparison_report(
         ]
     md = "\n\n".join(parts) + "\n"
     return ComparisonReport(write_markdown_report(md, report_dir, "ScaleLong comparison"), table, text)
+
+
+def network_words(model) -> str:
+    """The compared network in a few words: its type and the size that tells two of a kind apart."""
+    sizes = {
+        "uvit": lambda c: f"depth {c.depth}, width {c.embed_dim}",
+        "unet": lambda c: (
+            f"{c.base_channels} channels x {list(c.channel_mult)}, "
+            f"{c.num_res_blocks} residual block(s) a level"
+        ),
+    }
+    size = sizes.get(model.type)
+    return f"{model.type} ({size(getattr(model, model.type))})" if size else model.type
 
 
 def write_report(
