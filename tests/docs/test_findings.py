@@ -403,3 +403,55 @@ def demo_seed_rows() -> list[str]:
 def test_the_demo_seeds_as_quoted():
     for fragment in demo_seed_rows():
         assert_quoted("docs/demo-recipe.md", fragment)
+
+
+def make_demo_rows() -> list[str]:
+    """The demo recipe's `make demo` table and cost, from the record of the measured run."""
+    record = json.loads((RESULTS / "demo-make-demo-unet" / "make-demo.json").read_text())
+    ref = sum(record["reference_step_s"].values()) / 2
+    rows = [f"**{record['wall_s']:,.0f} s**, {record['wall_s'] / ref:,.0f} reference steps"]
+    for method, r in record["runs"].items():
+        first, last = r["evaluations"]
+        rows.append(f"| {method} | {first['fd']:.1f} | **{last['fd']:.1f}** | {last['confident']:.2f} |")
+    return rows
+
+
+def test_make_demo_as_quoted():
+    for fragment in make_demo_rows():
+        assert_quoted("docs/demo-recipe.md", fragment)
+
+
+def test_the_readme_quotes_the_demo_as_measured():
+    record = json.loads((RESULTS / "demo-make-demo-unet" / "make-demo.json").read_text())
+    final = {m: r["evaluations"][-1]["fd"] for m, r in record["runs"].items()}
+    assert_quoted("README.md", ", ".join(f"{fd:.0f} (`{m}`)" for m, fd in final.items()))
+    ref = sum(record["reference_step_s"].values()) / 2
+    assert_quoted(
+        "README.md",
+        f"{record['wall_s']:,.0f} s after the setup ({record['wall_s'] / ref:,.0f} reference steps",
+    )
+    seeds = json.loads((RESULTS / "demo-unet" / "train-demo-seeds.json").read_text())["runs"]
+    scores = [f"{r['fd_mnist_1000']:.1f}" for r in seeds.values()]
+    assert_quoted("README.md", f"{', '.join(scores[:-1])} and {scores[-1]} on seeds 0-{len(scores) - 1}")
+
+
+def budget_table() -> str:
+    """docs/benchmarks.md's table of the demo's costs in reference steps, from their record."""
+    record = json.loads((RESULTS / "demo-unet" / "budgets.json").read_text())
+    rows = [
+        "| command | wall time | reference step, before / after | cost in reference steps |",
+        "|---|---|---|---|",
+    ]
+    for m in record["measurements"]:
+        before, after = m["reference_step_s"]
+        rows.append(
+            f"| {m['what']} | {m['wall_s']:,.0f} s | {before * 1e3:.0f} / {after * 1e3:.0f} ms | "
+            f"{m['wall_s'] / ((before + after) / 2):,.0f} |"
+        )
+    return "\n".join(rows)
+
+
+def test_the_budgets_as_measured():
+    text = (ROOT / "docs" / "benchmarks.md").read_text()
+    block = text.split("<!-- budgets:start -->\n", 1)[1].split("\n<!-- budgets:end -->", 1)[0]
+    assert block == budget_table()
