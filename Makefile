@@ -19,7 +19,7 @@ DEMO_ARGS := --methods none,cs,ls --steps 1750 --jobs 3 eval.every=1167 eval.num
 	eval.sampler=dpm_solver_pp eval.steps=15 eval.mixed_precision=bf16 train.checkpoint_every=875 \
 	diagnostics.every=50
 
-.PHONY: setup demo test bench lint clean
+.PHONY: setup demo test test-all bench lint clean
 
 $(VENV)/.installed: pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -35,8 +35,14 @@ demo: setup
 	$(BIN)/scalelong compare demo $(DEMO_ARGS); status=$$?; \
 	echo "make demo: $$(( $$(date +%s) - start )) s elapsed"; exit $$status
 
+# make test: the suite without the end-to-end runs of several seconds each (marked slow: process kills,
+# clusters, the installed wheel); make test-all runs everything, as CI does. One worker per core, each
+# test single-threaded; a module marked xdist_group stays on one worker.
 test: setup
-	$(BIN)/python -m pytest -n auto --dist loadgroup  # one worker per core, each test single-threaded; a module marked xdist_group stays on one worker
+	$(BIN)/python -m pytest -n auto --dist loadgroup -m "not slow"
+
+test-all: setup
+	$(BIN)/python -m pytest -n auto --dist loadgroup
 
 bench: setup
 	$(BIN)/python -m benchmarks

@@ -123,7 +123,6 @@ def test_the_citation_is_the_same_on_the_front_page_and_the_site():
     assert bibtex(ROOT / "README.md") == bibtex(DOCS / "index.md")
 
 
-@pytest.mark.slow
 def test_mkdocs_build_strict(tmp_path):
     pytest.importorskip("mkdocs", reason="building the docs needs the docs extra: pip install -e '.[docs]'")
     pytest.importorskip("mkdocstrings", reason="the API pages need the docs extra: pip install -e '.[docs]'")

@@ -30,8 +30,8 @@ The rules, so a page can say what it likes as long as it stays true:
     text-to-image encoders) are validated.
   - ``scalelong fid-stats`` and ``extract-features`` (datasets and encoders not on this machine)
     are validated.
-  - ``make TARGET``: the Makefile has the target (``make demo`` takes 11 minutes, ``make test``
-    is this suite). ``pip install``: every extra named exists in pyproject.toml, and pinned
+  - ``make TARGET``: the Makefile has the target (``make demo`` takes minutes, ``make test`` and
+    ``make test-all`` are this suite). ``pip install``: every extra named exists in pyproject.toml, and pinned
     torch / torchvision versions are a pair the Makefile installs. ``python -m MODULE``: the
     module can be imported (benchmarks and checks take minutes). ``mkdocs``: tests/docs/test_docs_build.py.
   - Validated means: parsed by ``scalelong.cli``'s parser exactly as ``scalelong`` would, and the
