@@ -383,12 +383,18 @@ def test_the_fp16_basin_in_the_readme():
     assert_quoted("README.md", fp16_readme_sentence())
 
 
+def mean_reference_step(measured) -> float:
+    """The unit of a cost: the mean of the reference step measured before and after the command."""
+    values = list(measured.values()) if isinstance(measured, dict) else list(measured)
+    return sum(values) / len(values)
+
+
 def demo_seed_rows() -> list[str]:
     """The demo recipe's table of `scalelong train demo` seeds, from the runs' record: FD-MNIST at
     each evaluation and re-scored on 1,000 samples, the confident share, the wall time and its cost
     in reference steps (the mean of the reference step measured before and after)."""
     record = json.loads((RESULTS / "demo-unet" / "train-demo-seeds.json").read_text())
-    ref = sum(record["reference_step_s"].values()) / 2
+    ref = mean_reference_step(record["reference_step_s"])
     rows = []
     for seed, r in record["runs"].items():
         evals = " / ".join(f"{e['fd']:.1f}" for e in r["evaluations"])
@@ -408,7 +414,7 @@ def test_the_demo_seeds_as_quoted():
 def make_demo_rows() -> list[str]:
     """The demo recipe's `make demo` table and cost, from the record of the measured run."""
     record = json.loads((RESULTS / "demo-make-demo-unet" / "make-demo.json").read_text())
-    ref = sum(record["reference_step_s"].values()) / 2
+    ref = mean_reference_step(record["reference_step_s"])
     rows = [f"**{record['wall_s']:,.0f} s**, {record['wall_s'] / ref:,.0f} reference steps"]
     for method, r in record["runs"].items():
         first, last = r["evaluations"]
@@ -425,7 +431,7 @@ def test_the_readme_quotes_the_demo_as_measured():
     record = json.loads((RESULTS / "demo-make-demo-unet" / "make-demo.json").read_text())
     final = {m: r["evaluations"][-1]["fd"] for m, r in record["runs"].items()}
     assert_quoted("README.md", ", ".join(f"{fd:.0f} (`{m}`)" for m, fd in final.items()))
-    ref = sum(record["reference_step_s"].values()) / 2
+    ref = mean_reference_step(record["reference_step_s"])
     assert_quoted(
         "README.md",
         f"{record['wall_s']:,.0f} s after the setup ({record['wall_s'] / ref:,.0f} reference steps",
@@ -446,7 +452,7 @@ def budget_table() -> str:
         before, after = m["reference_step_s"]
         rows.append(
             f"| {m['what']} | {m['wall_s']:,.0f} s | {before * 1e3:.0f} / {after * 1e3:.0f} ms | "
-            f"{m['wall_s'] / ((before + after) / 2):,.0f} |"
+            f"{m['wall_s'] / mean_reference_step(m['reference_step_s']):,.0f} |"
         )
     return "\n".join(rows)
 
