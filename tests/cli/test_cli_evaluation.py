@@ -246,3 +246,35 @@ def test_bad_sample_and_eval_inputs_are_one_line_and_write_nothing(run, tmp_path
     assert rc == 2 and "NaN or infinite statistics" in only_line(err, "error:") and "nan" not in out
     assert not (run.run_dir / "eval").exists()
     assert sorted(p.name for p in tmp_path.iterdir()) == ["a-file", "nan.npz", "tiny"]
+
+
+def test_the_rescore_draws_only_the_seeds_its_evaluation_did_not(run, monkeypatch) -> None:
+    """The best step's re-score (24 samples) reuses the 16 its evaluation drew and draws seeds 16-23
+    alone, and scores what drawing all 24 again scores."""
+    from scalelong.training import evaluation
+
+    torch.manual_seed(10)  # the weights write_checkpoint saved at step 10: the evaluated EMA's
+    ema = build_model(run.model)
+    evaluator = TrainingEvaluator(run, run.run_dir, "cpu")
+    record = evaluator(10, ema)
+    with (run.run_dir / "metrics.jsonl").open("a") as f:
+        f.write(json.dumps({"step": 10, **record}) + "\n")
+
+    drawn = []
+    sample_features = evaluation.sample_features
+    monkeypatch.setattr(
+        evaluation,
+        "sample_features",
+        lambda m, c, f, seeds, *a: drawn.append(seeds) or sample_features(m, c, f, seeds, *a),
+    )
+    final = evaluator.finalize()
+    base = evaluation.first_evaluation_seed(run)
+    assert [list(s) for s in drawn] == [list(range(base + 16, base + 24))]
+    assert final["fd_samples"] == 24 and final["fd_samples_reused"] == 16
+
+    fresh = TrainingEvaluator(run, run.run_dir, "cpu")  # no evaluation of its own: draws all 24
+    assert fresh.finalize()["fd_samples_reused"] == 0
+    assert [list(s) for s in drawn[1:]] == [list(range(base, base + 24))]
+    assert json.loads((run.run_dir / "eval_final.json").read_text())["fd"] == pytest.approx(
+        final["fd"], rel=1e-5
+    )

@@ -58,13 +58,14 @@ def launch_two(train_args: list[str], script: list[str] | None = None) -> subpro
 
 
 # The evaluation at the last step only: the training log keeps its three records, and each
-# process samples its share of the seeds twice (the evaluation, then the final re-score).
+# process samples its share of the seeds twice (the evaluation's 11, then the final re-score's
+# 4 beyond them).
 EVALUATION = [
     f"eval.every={STEPS}",
     "eval.num_samples=11",
     "eval.steps=2",
     "eval.batch_size=4",
-    "eval.final_num_samples=7",
+    "eval.final_num_samples=15",
 ]
 RECORD_EVAL_SEEDS = str(TESTS / "record_eval_seeds.py")
 
@@ -132,25 +133,25 @@ def assert_trained_like_one_process(
 def assert_evaluation_split_like_one_process(run_dir: Path, seeds: Path, tmp_path: Path) -> None:
     """Each process samples its share of the evaluation seeds (11: 5 and 6), the main process
     gathers the features: the distances equal those of one process sampling all of them."""
-    # per process: the evaluation at step 6 (11 samples), then the final re-score (7), as offsets
-    # from the first evaluation seed
+    # per process: the evaluation at step 6 (11 samples), then the final re-score's 4 more (15 in
+    # all; the first 11 are the evaluation's), as offsets from the first evaluation seed
     drawn = [
         [json.loads(line) for line in (seeds / f"seeds-{r}.jsonl").read_text().splitlines()] for r in (0, 1)
     ]
     base = drawn[0][0][0]
     offsets = [[[s - base for s in call] for call in calls] for calls in drawn]
-    assert offsets == [[[0, 1, 2, 3, 4], [0, 1, 2]], [[5, 6, 7, 8, 9, 10], [3, 4, 5, 6]]]
+    assert offsets == [[[0, 1, 2, 3, 4], [11, 12]], [[5, 6, 7, 8, 9, 10], [13, 14]]]
     run = RunDir(run_dir)
     (record,) = run.eval_records().values()
     best = json.loads(run.summary_file.read_text())["best"]
     assert record["step"] == STEPS and record["fd_samples"] == 11
-    assert best["best_step"] == STEPS and best["fd_samples"] == 7 and best["fd_at_eval"] == record["fd"]
+    assert best["best_step"] == STEPS and best["fd_samples"] == 15 and best["fd_at_eval"] == record["fd"]
 
     cfg = run.config()
     ema = load_model(run.checkpoint(STEPS), cfg.model, "ema")
     one = TrainingEvaluator(cfg, tmp_path / "elsewhere", "cpu")  # one process
     assert one(STEPS, ema)["fd"] == pytest.approx(record["fd"], rel=1e-6)
-    assert one(STEPS, ema, n=7)["fd"] == pytest.approx(best["fd"], rel=1e-6)
+    assert one(STEPS, ema, n=15)["fd"] == pytest.approx(best["fd"], rel=1e-6)
 
 
 def test_cpu_processes_launches_data_parallel_processes_of_a_share_of_the_cores(tmp_path, monkeypatch):

@@ -386,11 +386,12 @@ def test_training_scores_a_t2i_run_on_fixed_validation_captions_and_rescores_the
     base = run.config().train.seed * EVAL_SEED_OFFSET
     chosen = choose_captions(read_caption_list(t2i_training.captions), 4, base)  # as `scalelong eval` draws
     each_evaluation = [chosen[:2], chosen[2:3]]  # 3 samples in batches of 2
-    assert encoded == [*each_evaluation, *each_evaluation, chosen[:2], chosen[2:4]]  # steps 2, 4, re-score
+    # steps 2 and 4, then the re-score's fourth sample: its first three are the evaluation's
+    assert encoded == [*each_evaluation, *each_evaluation, chosen[3:4]]
     assert {shape[1:] for shape in t2i_training.shapes} == {(3, 32, 32)}  # decoded: 8 x the latent side
     best = run.best_step("fid")
     final = json.loads(run.eval_final_file.read_text())
-    assert final["best_step"] == best and final["fd_samples"] == 4
+    assert final["best_step"] == best and final["fd_samples"] == 4 and final["fd_samples_reused"] == 3
     assert final["fd_at_eval"] == records[best]["fd"] and final["fd_metric"] == "fid"
     assert final["captions"] == str(t2i_training.captions) and final["captions_count"] == 5
     assert final["guidance_scale"] == 2.0

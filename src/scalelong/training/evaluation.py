@@ -240,6 +240,9 @@ class SampleScore:
     fd: float  # Fréchet distance to the reference statistics
     digits: dict | None = None  # scalelong.metrics.fd_mnist.digit_score of the same samples (fd-mnist only)
     clip: float | None = None  # mean CLIP score of the same samples with their captions (text-to-image)
+    # the samples' features in seed order (with a CLIP column where ``clip`` is set): a later, larger
+    # score of the same weights reuses them (``drawn=``) instead of drawing these seeds again
+    features: np.ndarray | None = dataclasses.field(default=None, repr=False)
 
 
 def score_model(
@@ -256,18 +259,25 @@ def score_model(
     digits: bool = False,
     captions: CaptionSampling | None = None,
     clip: ClipScore | None = None,
+    drawn: int | np.ndarray = 0,
 ) -> SampleScore | None:
     """Fréchet distance of ``n`` samples of ``model`` (seeds fixed by the config) to ``ref``, and with
     ``digits`` (``features`` must then be FD-MNIST's) the digit score of the same samples; with
     ``clip`` (text-to-image: ``captions`` given) the mean CLIP score of the samples with their captions.
 
+    ``drawn``: the features (``SampleScore.features``) of the first samples, already drawn from the
+    same weights with the same settings; only the other seeds are sampled. Every process passes it
+    (the processes other than the main one may pass its row count alone).
+
     With an ``accelerator`` of several processes (all of them call this), process r draws the
     r-th contiguous share of the seeds; the main process gathers the features and returns the
     score, the others return None.
     """
-    base = first_evaluation_seed(cfg)
+    first = min(drawn if isinstance(drawn, int) else len(drawn), n)
+    base = first_evaluation_seed(cfg) + first
     rank, world = (accelerator.process_index, accelerator.num_processes) if accelerator else (0, 1)
-    seeds = range(base + rank * n // world, base + (rank + 1) * n // world)  # shares differ by <= 1
+    todo = n - first
+    seeds = range(base + rank * todo // world, base + (rank + 1) * todo // world)  # shares differ by <= 1
     feats = None
     if len(seeds):
         feats = sample_features(
@@ -283,19 +293,31 @@ def score_model(
             captions,
             clip,
         )
+        feats = feats.cpu().numpy()
     if world > 1:
         from accelerate.utils import gather_object
 
-        shares = gather_object([None if feats is None else feats.cpu().numpy()])  # in rank order
+        shares = gather_object([feats])  # in rank order
         if not accelerator.is_main_process:
             return None
-        feats = np.concatenate([s for s in shares if s is not None])
-    clip_score = None
-    if clip is not None:  # sample_features' last column: one score per sample, gathered with the features
-        clip_score, feats = float(np.asarray(feats[:, -1], dtype=np.float64).mean()), feats[:, :-1]
-    fd = frechet_distance(*feature_stats(feats), *ref)
+        feats = np.concatenate([s for s in shares if s is not None]) if todo else None
+    if first:
+        known = np.asarray(drawn)[:first]
+        feats = known if feats is None else np.concatenate([known, feats.astype(known.dtype)])
+    return score_features(feats, ref, digits, clip is not None)
+
+
+def score_features(
+    feats: np.ndarray, ref: tuple[np.ndarray, np.ndarray], digits: bool, clip: bool
+) -> SampleScore:
+    """The score of samples' features (N, D), the last column a CLIP score where ``clip``."""
+    clip_score, scored = None, feats
+    if clip:  # sample_features' last column: one score per sample, gathered with the features
+        clip_score, scored = float(np.asarray(feats[:, -1], dtype=np.float64).mean()), feats[:, :-1]
+    fd = frechet_distance(*feature_stats(scored), *ref)
     # The classifier's head on the features FD-MNIST already holds: the same samples, no second draw.
-    return SampleScore(fd, digit_score_of_features(torch.as_tensor(feats)) if digits else None, clip_score)
+    digit = digit_score_of_features(torch.as_tensor(scored)) if digits else None
+    return SampleScore(fd, digit, clip_score, feats)
 
 
 def digit_record(score: dict | None) -> dict:
@@ -337,8 +359,9 @@ class TrainingEvaluator:
     the same samples (:func:`scalelong.metrics.fd_mnist.digit_score`). It leaves the model's train/eval
     mode as it found it and touches no global RNG.
     ``finalize()`` loads ``ema.safetensors`` of ``RunDir.best_step``, scores it on
-    ``cfg.eval.final_num_samples`` samples and, on the main process, writes and returns
-    ``{"best_step", "fd", "fd_metric", "fd_samples", "fd_at_eval", ...}`` to
+    ``cfg.eval.final_num_samples`` samples (reusing those its evaluation of that step drew) and, on
+    the main process, writes and returns
+    ``{"best_step", "fd", "fd_metric", "fd_samples", "fd_at_eval", "fd_samples_reused", ...}`` to
     ``run_dir/eval_final.json`` (None on the others). With an ``accelerator`` of several processes
     the samples are split over them (see :func:`score_model`).
     Config keys: ``eval.every, num_samples, metric, fid_stats, inception_weights, sampler, steps,
@@ -370,6 +393,9 @@ class TrainingEvaluator:
                 )
         self.captions: CaptionSampling | None = None
         self.protocol: dict = {}  # what a text-to-image score rests on, beside the best step's re-score
+        # (step, fd, features) of this process's best evaluation so far (main process): the re-score
+        # of that step draws only the seeds beyond them
+        self._best: tuple[int, float, np.ndarray] | None = None
         if self.e.every > 0 and is_text_to_image(cfg):
             self.captions = self._caption_sampling()
 
@@ -407,7 +433,9 @@ class TrainingEvaluator:
             return False
         return step % self.e.every == 0 or step == self.cfg.train.steps
 
-    def __call__(self, step: int, ema_model: nn.Module, n: int | None = None) -> dict:
+    def __call__(
+        self, step: int, ema_model: nn.Module, n: int | None = None, drawn: int | np.ndarray = 0
+    ) -> dict:
         if self.ref is None:
             self.ref = reference_for(self.e)
         n = n or self.e.num_samples
@@ -425,11 +453,15 @@ class TrainingEvaluator:
                 accelerator=self.acc,
                 digits=self.e.metric == "fd-mnist",
                 captions=self.captions,
+                drawn=drawn,
             )
         finally:
             ema_model.train(was_training)
         if score is None:  # not the main process
             return {}
+        plain = n == self.e.num_samples and isinstance(drawn, int) and drawn == 0  # a training evaluation
+        if plain and math.isfinite(score.fd) and (self._best is None or score.fd < self._best[1]):
+            self._best = (step, score.fd, score.features)  # ties go to the earlier step, as best_step's
         return {
             metric_names.FD: score.fd,
             "fd_metric": self.e.metric,
@@ -443,10 +475,16 @@ class TrainingEvaluator:
 
     def finalize(self) -> dict | None:
         """Re-score the best checkpoint on ``eval.final_num_samples`` samples (the recipe's last step).
-        Every process calls it; the main process picks the step (from the log it wrote)."""
+        Every process calls it; the main process picks the step (from the log it wrote).
+
+        Where this evaluator scored that step itself, the re-score reuses its samples: seed i draws
+        the same image from the same weights, so only the seeds beyond ``eval.num_samples`` are
+        drawn (``fd_samples_reused`` says how many were not; the recipe's 10k of 50k)."""
         if self.e.final_num_samples <= 0:
             return None
-        step = _from_main(self.acc, self.run.best_step(self.e.metric) if self.main else None)
+        best = self.run.best_step(self.e.metric) if self.main else None
+        known = self._best[2] if self._best and self._best[0] == best else np.empty((0, 0))
+        step, drawn = _from_main(self.acc, (best, len(known)))  # the seeds already drawn at that step
         if step is None:
             return None
         try:
@@ -454,13 +492,14 @@ class TrainingEvaluator:
         except DamagedCheckpoint as e:
             print(f"warning: {e}; the best step is not re-scored")
             return None
-        result = self(step, model, self.e.final_num_samples)
+        result = self(step, model, self.e.final_num_samples, known if self.main else drawn)
         if not self.main:
             return None
         result = {
             "best_step": step,
             **result,
             "fd_at_eval": self.run.eval_records(self.e.metric)[step][metric_names.FD],
+            "fd_samples_reused": min(drawn, self.e.final_num_samples),  # the evaluation's, not drawn again
             **self.protocol,
         }
         self.run.eval_final_file.write_text(json.dumps(result, indent=1))
