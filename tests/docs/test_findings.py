@@ -411,6 +411,34 @@ def test_the_demo_seeds_as_quoted():
         assert_quoted("docs/demo-recipe.md", fragment)
 
 
+SAMPLER_NAMES = {
+    "dpm_solver": "DPM-Solver 2M (`dpm_solver`)",
+    "dpm_solver_pp": "DPM-Solver++ 2M (`dpm_solver_pp`)",
+}
+
+
+def sampler_table() -> str:
+    """The demo recipe's table of FD-MNIST (1,000 samples) of the three seeds' final weights by
+    sampler and solver steps, from its record, cheapest first."""
+    record = json.loads((RESULTS / "demo-unet" / "sampler-steps.json").read_text())
+    seeds = record["seeds"]
+    names = list(next(iter(seeds.values())))
+    rows = [
+        f"| sampler | solver steps | {' | '.join(f'seed {s}' for s in seeds)} | mean |",
+        "|---|---|" + "---|" * len(seeds) + "---|",
+    ]
+    for name in sorted(names, key=lambda n: (int(n.split()[1]), n)):
+        sampler, steps = name.split()
+        fds = [seeds[s][name]["fd"] for s in seeds]
+        cells = " | ".join(f"{fd:.1f}" for fd in fds)
+        rows.append(f"| {SAMPLER_NAMES[sampler]} | {steps} | {cells} | **{sum(fds) / len(fds):.1f}** |")
+    return "\n".join(rows)
+
+
+def test_the_sampler_table_as_measured():
+    assert_quoted("docs/demo-recipe.md", sampler_table())
+
+
 def make_demo_rows() -> list[str]:
     """The demo recipe's `make demo` table and cost, from the record of the measured run."""
     record = json.loads((RESULTS / "demo-make-demo-unet" / "make-demo.json").read_text())
@@ -436,9 +464,54 @@ def test_the_readme_quotes_the_demo_as_measured():
         "README.md",
         f"{record['wall_s']:,.0f} s after the setup ({record['wall_s'] / ref:,.0f} reference steps",
     )
-    seeds = json.loads((RESULTS / "demo-unet" / "train-demo-seeds.json").read_text())["runs"]
-    scores = [f"{r['fd_mnist_1000']:.1f}" for r in seeds.values()]
+    scores = [f"{fd:.1f}" for fd in preset_scores()]
     assert_quoted("README.md", f"{', '.join(scores[:-1])} and {scores[-1]} on seeds 0-{len(scores) - 1}")
+
+
+def preset_scores() -> list[float]:
+    """FD-MNIST (1,000 samples) of the three seeds' final weights with the demo preset's own sampler."""
+    import yaml
+
+    preset = yaml.safe_load((ROOT / "configs" / "demo.yaml").read_text())["eval"]
+    seeds = json.loads((RESULTS / "demo-unet" / "sampler-steps.json").read_text())["seeds"]
+    return [rows[f"{preset['sampler']} {preset['steps']}"]["fd"] for rows in seeds.values()]
+
+
+def preset_budget_sentence() -> str:
+    """The train demo's cost beside the U-ViT demo's, measured back to back, from its record: the
+    wall times, their costs in reference steps (each over the mean of the steps around it), the
+    ratio, and the UNet's seconds of evaluation."""
+    record = json.loads((RESULTS / "demo-unet" / "train-demo-preset.json").read_text())
+    unet, uvit = record["runs"]
+    ref = record["reference_step_s"]
+    costs = [r["wall_s"] / mean_reference_step(ref[i : i + 2]) for i, r in enumerate((unet, uvit))]
+    evaluation = sum(e["fd_seconds"] for e in unet["evaluations"]) + unet["rescore"]["fd_seconds"]
+    return (
+        f"({evaluation:.0f} s of evaluation in all), the UNet demo and the U-ViT demo, run back to back, "
+        f"took {unet['wall_s']:.0f} and {uvit['wall_s']:.0f} s: {costs[0]:,.0f} and {costs[1]:,.0f} "
+        f"reference steps, {costs[0] / costs[1]:.2f}x"
+    )
+
+
+def test_the_train_demo_budget_as_measured():
+    assert_quoted("docs/benchmarks.md", preset_budget_sentence())
+    unet = json.loads((RESULTS / "demo-unet" / "train-demo-preset.json").read_text())["runs"][0]
+    fd = unet["rescore"]["fd"]
+    assert_quoted("docs/demo-recipe.md", f"it ended at FD-MNIST **{fd:.1f}** on 1,000 samples")
+
+
+def test_the_preset_says_what_its_sampler_scores():
+    seeds = json.loads((RESULTS / "demo-unet" / "sampler-steps.json").read_text())["seeds"]
+
+    def mean(name: str) -> float:
+        return sum(rows[name]["fd"] for rows in seeds.values()) / len(seeds)
+
+    assert sum(preset_scores()) / len(seeds) == mean("dpm_solver_pp 25")
+    assert_quoted(
+        "configs/demo.yaml",
+        f"FD-MNIST (1,000) {mean('dpm_solver_pp 25'):.1f} on average, # against {mean('dpm_solver 50'):.1f} "
+        f"with 50 DPM-Solver steps at twice the cost, {mean('dpm_solver_pp 15'):.1f} with 15",
+    )
 
 
 def budget_table() -> str:
