@@ -566,8 +566,11 @@ def evaluation_lines(run: RunDir) -> list[str]:
         final = json.loads(run.eval_final_file.read_text())
         line = (
             f"best step {final['best_step']} re-scored: {final['fd_metric']} {final['fd']:.1f} "
-            f"({final['fd_samples']} samples)"
+            f"({final['fd_samples']} samples"
         )
+        if reused := final.get("fd_samples_reused"):  # drawn by the evaluation of that step
+            line += f", {reused} of them the evaluation's"
+        line += ")"
         if (digits := digit_score(final)) is not None:
             line += f"; digits: {format_digit_score(digits)}"
         lines.append(line)

@@ -327,3 +327,8 @@ def test_the_best_step_line_carries_the_digit_score(tmp_path, capsys):
     fid = {k: v for k, v in final.items() if not k.startswith("digits/")} | {"fd_metric": "fid"}
     run.eval_final_file.write_text(json.dumps(fid))
     assert evaluation_lines(run)[-1] == "best step 500 re-scored: fid 41.2 (1000 samples)"
+    run.eval_final_file.write_text(json.dumps(fid | {"fd_samples_reused": 256}))  # the evaluation's first 256
+    assert (
+        evaluation_lines(run)[-1]
+        == "best step 500 re-scored: fid 41.2 (1000 samples, 256 of them the evaluation's)"
+    )
