@@ -379,8 +379,27 @@ def fp16_lr_clause(cells, lr: float) -> str:
     )
 
 
+def merge_norm_fp16_clause() -> str:
+    """What the README says of `merge-norm` in fp16, from the data: on the lrs with five seeds or more,
+    whether any of its runs overflowed in forward, and the seeds it failed and by what."""
+    cells = study("lr-basin-fp16")[0]
+    at = {k[1]: c for k, c in cells.items() if k[2] == "merge-norm" and c.count >= 5}
+    runs = by_run(at.values())
+    broken = {k: r for k, r in runs.items() if r.breaks}
+    seeds = sorted({k[3] for k in broken})
+    every_lr = all({k[3] for k in broken if k[1] == lr} == set(seeds) for lr in at)
+    causes = sorted({b.criterion for r in broken.values() for b in r.breaks})
+    return (
+        f"(`merge-norm`) {'overflowed' if any(overflowed(r) for r in runs.values()) else 'never overflowed'} "
+        f"in forward but failed seed{'s' if len(seeds) > 1 else ''} {_and([str(x) for x in seeds])} "
+        f"{'at both lrs' if every_lr and len(at) == 2 else 'at some lrs'} by "
+        f"{' and '.join(CAUSE_WORDS[c].split(' (')[0] for c in causes)}"
+    )
+
+
 def test_the_fp16_basin_in_the_readme():
     assert_quoted("README.md", fp16_readme_sentence())
+    assert_quoted("README.md", merge_norm_fp16_clause())
 
 
 def mean_reference_step(measured) -> float:
