@@ -533,6 +533,24 @@ def test_the_preset_says_what_its_sampler_scores():
     )
 
 
+def test_the_reference_steps_spread_as_measured():
+    record = json.loads((RESULTS / "demo-unet" / "reference-step-spread.json").read_text())
+
+    def span(values) -> str:
+        return f"{min(values):.0f} to {max(values):.0f} ms"
+
+    one_process = [v for repeat in record["one_process_2_threads_ms"] for v in repeat[:6]]
+    assert_quoted(
+        "docs/benchmarks.md",
+        f"six fresh measurements back to back read {span(record['fresh_processes_2_threads_ms'])}, and one "
+        f"process measuring six times in a row {span(record['one_process_2_threads_ms'][0])}; with "
+        f"`--threads 1` six fresh measurements read {span(record['fresh_processes_1_thread_ms'])}",
+    )
+    assert max(one_process) / min(one_process) > max(record["fresh_processes_1_thread_ms"]) / min(
+        record["fresh_processes_1_thread_ms"]
+    )
+
+
 def budget_table() -> str:
     """docs/benchmarks.md's table of the demo's costs in reference steps, from their record."""
     record = json.loads((RESULTS / "demo-unet" / "budgets.json").read_text())
