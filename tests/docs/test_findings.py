@@ -497,18 +497,29 @@ def preset_scores() -> list[float]:
 
 
 def preset_budget_sentence() -> str:
-    """The train demo's cost beside the U-ViT demo's, measured back to back, from its record: the
-    wall times, their costs in reference steps (each over the mean of the steps around it), the
-    ratio, and the UNet's seconds of evaluation."""
+    """The train demo's cost beside the U-ViT demo's, measured back to back in both orders, from its
+    record: the wall times, their costs in reference steps (each over the mean of the steps around
+    it), the ratios, and the UNet's seconds of evaluation in the first pair."""
     record = json.loads((RESULTS / "demo-unet" / "train-demo-preset.json").read_text())
-    unet, uvit = record["runs"]
-    ref = record["reference_step_s"]
-    costs = [r["wall_s"] / mean_reference_step(ref[i : i + 2]) for i, r in enumerate((unet, uvit))]
+
+    def costs(pair: dict) -> dict[str, tuple[float, float]]:  # command -> (wall s, reference steps)
+        ref = pair["reference_step_s"]
+        return {
+            r["command"].split()[2]: (r["wall_s"], r["wall_s"] / mean_reference_step(ref[i : i + 2]))
+            for i, r in enumerate(pair["runs"])
+        }
+
+    first, other = costs(record), costs(record["reversed"])
+    unet = record["runs"][0]
     evaluation = sum(e["fd_seconds"] for e in unet["evaluations"]) + unet["rescore"]["fd_seconds"]
+
+    def pair_text(c: dict) -> str:
+        (w1, c1), (w2, c2) = c["demo"], c["demo_uvit"]
+        return f"{w1:.0f} and {w2:.0f} s: {c1:,.0f} and {c2:,.0f} reference steps, {c1 / c2:.2f}x"
+
     return (
         f"({evaluation:.0f} s of evaluation in all), the UNet demo and the U-ViT demo, run back to back, "
-        f"took {unet['wall_s']:.0f} and {uvit['wall_s']:.0f} s: {costs[0]:,.0f} and {costs[1]:,.0f} "
-        f"reference steps, {costs[0] / costs[1]:.2f}x"
+        f"took {pair_text(first)}; in the other order, the U-ViT demo first, {pair_text(other)}"
     )
 
 
