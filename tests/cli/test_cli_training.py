@@ -81,5 +81,5 @@ def test_train_prints_its_last_score_and_digit_score(tmp_path, capsys):
     code, stdout, stderr = run_cli(capsys, *args, *evaluation, "eval.final_num_samples=6", "--overwrite")
     assert code == 0, stderr
     assert "best step 5 re-scored: fd-mnist " in stdout
-    assert "(6 samples, 6 of them the evaluation's)" in stdout  # its first 6 of 8: nothing drawn again
+    assert "(6 samples, all the evaluation's)" in stdout  # its first 6 of 8: nothing drawn again
     assert "scalelong eval" not in stdout

@@ -569,7 +569,11 @@ def evaluation_lines(run: RunDir) -> list[str]:
             f"({final['fd_samples']} samples"
         )
         if reused := final.get("fd_samples_reused"):  # drawn by the evaluation of that step
-            line += f", {reused} of them the evaluation's"
+            line += (
+                ", all the evaluation's"
+                if reused >= final["fd_samples"]
+                else f", {reused} of them the evaluation's"
+            )
         line += ")"
         if (digits := digit_score(final)) is not None:
             line += f"; digits: {format_digit_score(digits)}"
