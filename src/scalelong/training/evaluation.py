@@ -357,7 +357,8 @@ class TrainingEvaluator:
     "fd_sampler": name, "fd_steps": k, "fd_seconds": s}`` on the main process and ``{}`` on the
     others; with fd-mnist also ``"digits/confident"`` and ``"digits/entropy"``, the digit score of
     the same samples (:func:`scalelong.metrics.fd_mnist.digit_score`). It leaves the model's train/eval
-    mode as it found it and touches no global RNG.
+    mode as it found it and touches no global RNG. ``evaluator(step, ema, n, drawn)`` scores ``n``
+    samples instead, reusing ``drawn`` as :func:`score_model` does.
     ``finalize()`` loads ``ema.safetensors`` of ``RunDir.best_step``, scores it on
     ``cfg.eval.final_num_samples`` samples (reusing those its evaluation of that step drew) and, on
     the main process, writes and returns
