@@ -302,7 +302,9 @@ def score_model(
             return None
         feats = np.concatenate([s for s in shares if s is not None]) if todo else None
     if first:
-        known = np.asarray(drawn)[:first]
+        if isinstance(drawn, int):  # only the other processes may pass a count
+            raise ValueError("score_model: the main process passes the drawn features, not their count")
+        known = drawn[:first]
         feats = known if feats is None else np.concatenate([known, feats.astype(known.dtype)])
     return score_features(feats, ref, digits, clip is not None)
 
