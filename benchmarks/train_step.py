@@ -9,9 +9,10 @@ One step is what the trainer runs: forward of the configured backbone on x_t, th
 (the demo: x0-prediction with the v-loss weighting), backward, the global gradient norm, AdamW,
 and the EMA update. The arms:
 
-* precision and compilation: eager fp32, eager bf16 autocast, eager fp16 (``train.mixed_precision=fp16``
-  on the CPU: CUDA's fp16 autocast policy computed in fp32 on fp16 values, :mod:`scalelong.fp16`, with
-  the trainer's loss scaler), ``torch.compile`` fp32, compiled bf16;
+* precision and compilation: eager fp32, eager bf16 autocast (torch's CPU kernels), eager fp16
+  (``train.mixed_precision=fp16`` on the CPU: CUDA's fp16 autocast policy computed in fp32 on fp16
+  values, :mod:`scalelong.fp16`, with the trainer's loss scaler), eager bf16 the same way (what
+  ``train.mixed_precision=bf16`` runs on a CPU without bf16 units), ``torch.compile`` fp32, compiled bf16;
 * the AdamW implementation (``optim.implementation``): for-loop (torch's CPU default), foreach, fused;
 * the EMA update: one fused ``_foreach_lerp_`` over all parameters (the trainer's) or one lerp per
   parameter;
@@ -66,14 +67,15 @@ def step_fn(
     batch: int,
     *,
     amp: torch.dtype | None = None,
-    fp16: bool = False,
+    policy: torch.dtype | None = None,
     compiled: bool = False,
     adamw: str = "loop",
     ema: str = "foreach",
 ) -> Callable[[], None]:
-    """A closure running one trainer-like step of ``preset``'s model on one fixed batch; ``fp16``: the
-    trainer's CPU fp16 step (the forward under CUDA's fp16 policy, the loss scaled, the gradients
-    unscaled before their norm, the scaler's step and update)."""
+    """A closure running one trainer-like step of ``preset``'s model on one fixed batch; ``policy``
+    (fp16 or bf16): the trainer's CPU step in that precision, the forward under CUDA's autocast policy
+    (:mod:`scalelong.fp16`) and, in fp16, the loss scaled, the gradients unscaled before their norm, the
+    scaler's step and update."""
     from scalelong.diffusion import denoising_loss
     from scalelong.fp16 import autocast_forward
 
@@ -84,8 +86,8 @@ def step_fn(
     o = cfg.optim
     opt = torch.optim.AdamW(params, lr=o.lr, betas=tuple(o.betas), weight_decay=o.weight_decay, **flags)
     net = torch.compile(model) if compiled else model
-    net = autocast_forward(net) if fp16 else net
-    scaler = torch.amp.GradScaler("cpu") if fp16 else None
+    net = autocast_forward(net, dtype=policy) if policy is not None else net
+    scaler = torch.amp.GradScaler("cpu") if policy == torch.float16 else None
     gen = torch.Generator().manual_seed(0)
     t = schedule.sample_t(batch, gen)
     noise = torch.randn(x0.shape, generator=gen)
@@ -168,7 +170,12 @@ def model_shape(model: torch.nn.Module) -> tuple[int, int, int]:
 def training_arms(preset: str, batch: int, threads: int, compiled: bool) -> dict[str, Callable[[], None]]:
     bf16 = torch.bfloat16
     S = lambda **kw: step_fn(preset, batch, **kw)  # noqa: E731
-    arms = {"eager fp32": S(), "eager bf16": S(amp=bf16), "eager fp16 (CUDA's policy)": S(fp16=True)}
+    arms = {
+        "eager fp32": S(),
+        "eager bf16": S(amp=bf16),
+        "eager fp16 (CUDA's policy)": S(policy=torch.float16),
+    }
+    arms["eager bf16 (CUDA's policy)"] = S(policy=bf16)
     if compiled:
         arms |= {"compiled fp32": S(compiled=True), "compiled bf16": S(amp=bf16, compiled=True)}
     arms |= {

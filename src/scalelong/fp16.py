@@ -1,4 +1,4 @@
-"""A GPU's fp16 autocast, computed on the CPU: :func:`gpu_fp16_autocast`.
+"""A GPU's fp16 or bf16 autocast, computed on the CPU: :class:`gpu_autocast` (:func:`gpu_fp16_autocast`).
 
 The ScaleLong release trains in fp16 autocast on GPUs, where a tensor past 65,504 becomes inf; that
 overflow is what the method's stability claims are about. ``torch.autocast("cpu", dtype=float16)``
@@ -6,7 +6,7 @@ does not reproduce it: the CPU's autocast lists differ from CUDA's (softmax, lay
 and the upsampling ops follow their input's dtype on the CPU, CUDA runs them in fp32), and a CPU
 without fp16 units runs torch's fp16 matrix products about ten times slower than fp32 ones.
 
-:func:`gpu_fp16_autocast` is a :class:`torch.overrides.TorchFunctionMode` that applies CUDA's policy:
+:class:`gpu_autocast` is a :class:`torch.overrides.TorchFunctionMode` that applies CUDA's policy:
 the op lists of ``aten/src/ATen/autocast_mode.h`` (shipped as ``torch/include/ATen/autocast_mode.h``;
 these are torch 2.14's), which ``autocast_mode.cpp`` registers for CUDA:
 
@@ -37,6 +37,12 @@ The mode works above autograd: every cast it inserts is recorded, so backward ne
 rounds the gradients to fp16 where a GPU's backward kernels produce fp16. Inside the region,
 ``torch.autocast("cuda", enabled=False)`` (or :func:`disabled`) turns the policy off, as on a GPU:
 the mode raises torch's CUDA autocast flag while it is active and reads it.
+
+CUDA's bf16 autocast applies the same lists with bf16 as the lower precision, and so does
+``gpu_autocast(torch.bfloat16)``: bf16 values, fp32 accumulation, at about the fp32 cost. That is
+how a CPU without bf16 units trains in bf16 (torch's own bf16 kernels there run about ten times
+slower than fp32); a CPU with them runs torch's ``autocast("cpu")``, whose bf16 products also
+accumulate in fp32.
 """
 
 from __future__ import annotations
@@ -133,44 +139,45 @@ def _tensors(args: tuple, kwargs: dict) -> Iterator[torch.Tensor]:
             yield from (x for x in a if isinstance(x, torch.Tensor))
 
 
-def _round16(t: torch.Tensor) -> torch.Tensor:
-    """fp16 values held in fp32: the inputs of a GPU's fp16 kernel, accumulated in fp32."""
-    if t.dtype == torch.float16:
-        return t.float()
-    return t.half().float() if t.dtype in _ELIGIBLE else t
-
-
-def _to16(t: torch.Tensor) -> torch.Tensor:
-    return t.half() if t.dtype in _ELIGIBLE else t
-
-
 def _to32(t: torch.Tensor) -> torch.Tensor:
     return t.float() if t.dtype in _LOW else t
 
 
-def _outputs16(out):
-    """The op's floating fp32 outputs rounded to fp16: past 65,504 they become inf, as on a GPU."""
-    if isinstance(out, torch.Tensor):
-        return out.half() if out.dtype == torch.float32 else out
-    if isinstance(out, (list, tuple)):
-        return type(out)(_outputs16(o) for o in out)
-    return out
+class gpu_autocast(TorchFunctionMode):  # noqa: N801 (used as a context manager, like torch.autocast)
+    """Compute as CUDA's autocast to ``dtype`` (fp16 or bf16) does, on any device (see the module's
+    docstring).
 
-
-class gpu_fp16_autocast(TorchFunctionMode):  # noqa: N801 (used as a context manager, like torch.autocast)
-    """Compute as CUDA's fp16 autocast does, on any device (see the module's docstring).
-
-    ``with gpu_fp16_autocast(): out = model(x)`` gives the output, the overflows to inf and (after
-    ``out.backward()``, outside the block) the gradients a GPU gives, up to the order of fp32
-    summation. ``native=True`` runs the lower-precision ops with torch's own fp16 kernels instead
-    of fp32 accumulation of fp16 values: torch's CUDA autocast arranged on the CPU, as a reference
-    (about ten times slower on a CPU without fp16 units).
+    ``with gpu_autocast(torch.float16): out = model(x)`` gives the output, the overflows to inf and
+    (after ``out.backward()``, outside the block) the gradients a GPU gives, up to the order of fp32
+    summation. ``native=True`` runs the lower-precision ops with torch's own ``dtype`` kernels
+    instead of fp32 accumulation of ``dtype`` values: torch's CUDA autocast arranged on the CPU, as a
+    reference (about ten times slower on a CPU without units for ``dtype``).
     """
 
-    def __init__(self, native: bool = False):
+    def __init__(self, dtype: torch.dtype = torch.float16, native: bool = False):
         super().__init__()
-        self.native = native
+        if dtype not in _LOW:
+            raise ValueError(f"gpu_autocast computes in torch.float16 or torch.bfloat16, not {dtype}")
+        self.dtype, self.native = dtype, native
         self._flag: list[bool] = []
+
+    def _round(self, t: torch.Tensor) -> torch.Tensor:
+        """``dtype`` values held in fp32: the inputs of a GPU's kernel, accumulated in fp32."""
+        if t.dtype == self.dtype:
+            return t.float()
+        return t.to(self.dtype).float() if t.dtype in _ELIGIBLE else t
+
+    def _lower(self, t: torch.Tensor) -> torch.Tensor:
+        return t.to(self.dtype) if t.dtype in _ELIGIBLE else t
+
+    def _outputs(self, out):
+        """The op's floating fp32 outputs rounded to ``dtype``: in fp16 past 65,504 they become inf,
+        as on a GPU."""
+        if isinstance(out, torch.Tensor):
+            return out.to(self.dtype) if out.dtype == torch.float32 else out
+        if isinstance(out, (list, tuple)):
+            return type(out)(self._outputs(o) for o in out)
+        return out
 
     def __enter__(self):
         # torch.autocast("cuda", enabled=False) inside the block lowers this flag: the mode reads it.
@@ -193,8 +200,8 @@ class gpu_fp16_autocast(TorchFunctionMode):  # noqa: N801 (used as a context man
         if kind is None or kwargs.get("out") is not None or not torch.is_autocast_enabled("cuda"):
             return func(*args, **kwargs)  # autocast leaves out= variants alone too
         if kind == "lower":
-            a, k = _map(_to16 if self.native else _round16, args, kwargs)
-            return func(*a, **k) if self.native else _outputs16(func(*a, **k))
+            a, k = _map(self._lower if self.native else self._round, args, kwargs)
+            return func(*a, **k) if self.native else self._outputs(func(*a, **k))
         if kind == "upsample" and "area" in (kwargs.get("mode"), *(a for a in args if isinstance(a, str))):
             return func(*args, **kwargs)  # area: adaptive_avg_pool, on no list
         if kind == "fp32_set_opt_dtype" and (
@@ -212,9 +219,14 @@ class gpu_fp16_autocast(TorchFunctionMode):  # noqa: N801 (used as a context man
         return func(*a, **k)
 
 
+def gpu_fp16_autocast(native: bool = False) -> gpu_autocast:
+    """CUDA's fp16 autocast on any device: ``gpu_autocast(torch.float16, native)``."""
+    return gpu_autocast(torch.float16, native)
+
+
 @contextlib.contextmanager
 def disabled() -> Iterator[None]:
-    """Turn :func:`gpu_fp16_autocast` off inside its block (what ``torch.autocast("cuda",
+    """Turn :class:`gpu_autocast` off inside its block (what ``torch.autocast("cuda",
     enabled=False)`` does on a GPU, and does here too); tensors keep the dtypes they have."""
     before = torch.is_autocast_enabled("cuda")
     torch.set_autocast_enabled("cuda", False)
@@ -240,12 +252,12 @@ def fp32_outputs(out):
     return out
 
 
-def autocast_forward(fn: Callable, native: bool = False) -> Callable:
-    """``fn`` (a model) called under :func:`gpu_fp16_autocast`, its outputs cast to fp32: the
-    forward that Accelerate prepares for fp16 training on a GPU (the loss then runs in fp32)."""
+def autocast_forward(fn: Callable, native: bool = False, dtype: torch.dtype = torch.float16) -> Callable:
+    """``fn`` (a model) called under :class:`gpu_autocast` to ``dtype``, its outputs cast to fp32: the
+    forward that Accelerate prepares for mixed-precision training on a GPU (the loss then runs in fp32)."""
 
     def forward(*args, **kwargs):
-        with gpu_fp16_autocast(native=native):
+        with gpu_autocast(dtype, native=native):
             out = fn(*args, **kwargs)
         return fp32_outputs(out)
 
@@ -261,5 +273,6 @@ __all__ = [
     "autocast_forward",
     "disabled",
     "fp32_outputs",
+    "gpu_autocast",
     "gpu_fp16_autocast",
 ]

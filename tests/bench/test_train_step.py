@@ -43,6 +43,7 @@ def test_every_arm_is_timed_and_quoted(tmp_path, monkeypatch):
         "eager fp32",
         "eager bf16",
         "eager fp16 (CUDA's policy)",
+        "eager bf16 (CUDA's policy)",
         "eager fp32, AdamW foreach",
         "eager fp32, AdamW fused",
         "eager bf16, AdamW fused",

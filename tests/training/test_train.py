@@ -69,7 +69,8 @@ def test_diagnostics_off_logs_no_skip_statistics(tmp_path):
 
 def test_the_summary_records_what_made_the_run(tmp_path):
     """Provenance: a study can tell per run which code, torch, precision and machine made it; the
-    precision is the one that ran (demo asks for bf16, which is fp32 on a CPU without bf16 units)."""
+    precision is the one that ran (``auto`` is fp32 on a CPU without bf16 units), and whose autocast
+    computed it (bf16 on such a CPU: CUDA's policy, computed by scalelong.fp16)."""
     from scalelong.runlog.provenance import source_commit
     from scalelong.training.launch import cpu_has_bf16
 
@@ -77,7 +78,12 @@ def test_the_summary_records_what_made_the_run(tmp_path):
     result = train(load_config("configs/demo_uvit.yaml", overrides), progress=False)
     made = json.loads((result.run_dir / "summary.json").read_text())["provenance"]
     assert made["torch"] == torch.__version__ and made["device"] == "cpu"
-    assert made["precision"] == ("bf16" if cpu_has_bf16() else "fp32")
+    assert made["precision"] == "bf16"
+    assert made["autocast"] == ("torch" if cpu_has_bf16() else "cuda policy on cpu")
+    overrides = tiny_uvit_overrides("auto", tmp_path, steps=1) + ["train.mixed_precision=auto"]
+    result = train(load_config("configs/demo_uvit.yaml", overrides), progress=False)
+    auto = json.loads((result.run_dir / "summary.json").read_text())["provenance"]
+    assert (auto["precision"], auto["autocast"]) == (("bf16", "torch") if cpu_has_bf16() else ("fp32", None))
     assert made["commit"] == source_commit() and len(made["commit"].split("+")[0]) == 40
     assert made["device_name"] and made["threads"] == torch.get_num_threads()
 

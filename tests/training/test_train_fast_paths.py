@@ -6,9 +6,11 @@ No timing here; speed is measured in benchmarks/fast_paths.py.
 import functools
 import json
 
+import pytest
 import torch
 
 from conftest import tiny_uvit_overrides
+from scalelong.errors import ScaleLongError
 from scalelong.models import UNet
 from scalelong.training.config import load_config
 from scalelong.training.train import train
@@ -142,17 +144,26 @@ def test_an_unavailable_fused_adamw_falls_back_with_one_line(monkeypatch, capsys
     ]
 
 
-def test_bf16_on_a_cpu_without_bf16_trains_in_fp32_with_one_line(monkeypatch, capsys):
+def test_bf16_on_a_cpu_without_bf16_units_is_computed_as_a_gpu_does_and_auto_is_fp32(monkeypatch, capsys):
     from scalelong.training import launch
 
     monkeypatch.setattr(launch, "cpu_has_bf16", lambda: False)
     captured = {}
     monkeypatch.setattr("accelerate.Accelerator", lambda **kw: captured.update(kw) or kw)
     cfg = load_config("configs/demo_uvit.yaml", ["train.device=cpu", "train.mixed_precision=bf16"])
+    launch.make_accelerator(cfg)  # the trainer computes CUDA's bf16 policy itself: an fp32 Accelerator
+    assert captured["mixed_precision"] == "no" and not capsys.readouterr().out
+    assert launch.gpu_autocast_dtype("bf16", "cpu") == torch.bfloat16
+    cfg.train.compile = True
+    with pytest.raises(ScaleLongError, match="mixed_precision=bf16 on a CPU without bf16 units"):
+        launch.make_accelerator(cfg)
+    cfg.train.compile, cfg.train.mixed_precision = False, "auto"  # auto: bf16 only where it is fast
     launch.make_accelerator(cfg)
-    assert captured["mixed_precision"] == "no"
-    assert capsys.readouterr().out.startswith("warning: train.mixed_precision=bf16: this CPU has no bf16")
+    assert captured["mixed_precision"] == "no" and launch.resolve_precision("auto", "cpu") == "no"
     monkeypatch.setattr(launch, "cpu_has_bf16", lambda: True)
+    launch.make_accelerator(cfg)
+    assert captured["mixed_precision"] == "bf16" and launch.gpu_autocast_dtype("bf16", "cpu") is None
+    cfg.train.mixed_precision = "bf16"
     launch.make_accelerator(cfg)
     assert captured["mixed_precision"] == "bf16"
 
@@ -175,8 +186,12 @@ def test_bf16_sampling_scores_close_to_fp32(monkeypatch):
     assert 0 < rel < 0.05, rel
 
 
-def test_bf16_sampling_on_a_cpu_without_bf16_runs_in_fp32_and_says_so_once(tmp_path, monkeypatch, capsys):
-    # emulated bf16 ran the demo's evaluations ~10x slower than fp32 on an AVX2-only CPU
+def test_bf16_sampling_on_a_cpu_without_bf16_units_runs_cudas_policy_and_auto_runs_fp32(
+    tmp_path, monkeypatch, capsys
+):
+    # torch's own bf16 kernels ran the demo's evaluations ~10x slower than fp32 on an AVX2-only CPU
+    import scalelong.training.evaluation
+    from scalelong import fp16
     from scalelong.training import launch
     from scalelong.training.build import build_model
     from scalelong.training.evaluation import TrainingEvaluator, sample_features
@@ -187,14 +202,39 @@ def test_bf16_sampling_on_a_cpu_without_bf16_runs_in_fp32_and_says_so_once(tmp_p
     torch.manual_seed(0)
     model = build_model(cfg.model).eval()
     flat = lambda images: images.flatten(1)  # noqa: E731  the pixels as features
+    made = []  # the policies the sampler entered
+
+    def counted(dtype):
+        made.append(fp16.gpu_autocast(dtype))
+        return made[-1]
+
+    monkeypatch.setattr(scalelong.training.evaluation, "gpu_autocast", counted)
     low = sample_features(model, cfg, flat, range(2), "dpm_solver", 2, 2, "cpu")
+    assert made and {m.dtype for m in made} == {torch.bfloat16}
     cfg.eval.mixed_precision = "no"
-    assert torch.equal(low, sample_features(model, cfg, flat, range(2), "dpm_solver", 2, 2, "cpu"))
-    cfg.eval.mixed_precision = "bf16"
-    evaluator = TrainingEvaluator(cfg, tmp_path / "run", "cpu")
-    assert evaluator(1, model)["fd_precision"] == "fp32" and evaluator(1, model)["fd_precision"] == "fp32"
-    lines = capsys.readouterr().out.splitlines()
-    assert lines == ["warning: eval.mixed_precision=bf16: this CPU has no bf16 instructions, where bf16 "
-                     "runs several times slower than fp32; using fp32"]  # fmt: skip
+    plain = sample_features(model, cfg, flat, range(2), "dpm_solver", 2, 2, "cpu")
+    assert 0 < ((low - plain).norm() / plain.norm()).item() < 0.05
+    cfg.eval.mixed_precision = "auto"  # auto: fp32 where bf16 is not fast
+    assert torch.equal(plain, sample_features(model, cfg, flat, range(2), "dpm_solver", 2, 2, "cpu"))
+    for asked, ran in (("bf16", "bf16"), ("auto", "fp32")):
+        cfg.eval.mixed_precision = asked
+        assert TrainingEvaluator(cfg, tmp_path / "run", "cpu")(1, model)["fd_precision"] == ran
+    assert not capsys.readouterr().out
     monkeypatch.setattr(launch, "cpu_has_bf16", lambda: True)
-    assert evaluator(1, model)["fd_precision"] == "bf16" and not capsys.readouterr().out
+    assert TrainingEvaluator(cfg, tmp_path / "run", "cpu")(1, model)["fd_precision"] == "bf16"
+
+
+def test_bf16_trains_in_bf16_on_a_cpu_without_bf16_units(tmp_path, monkeypatch):
+    """The forward runs under CUDA's bf16 policy: its loss departs from fp32's by bf16's rounding."""
+    from scalelong.training import launch
+
+    monkeypatch.setattr(launch, "cpu_has_bf16", lambda: False)
+    losses = {}
+    for p in ("no", "bf16", "auto"):
+        overrides = [*tiny_uvit_overrides(f"p-{p}", tmp_path, 5), f"train.mixed_precision={p}"]
+        result = train(load_config("configs/demo_uvit.yaml", overrides), progress=False)
+        records = [json.loads(line) for line in (result.run_dir / "metrics.jsonl").read_text().splitlines()]
+        losses[p] = [r["loss"] for r in records if "loss" in r]
+    assert losses["auto"] == losses["no"]  # auto: fp32 where bf16 is not fast
+    assert losses["bf16"] != losses["no"]
+    assert max(abs(b / f - 1) for b, f in zip(losses["bf16"], losses["no"], strict=True)) < 0.02

@@ -108,6 +108,7 @@ def _add_checkpoint_args(p: argparse.ArgumentParser) -> None:
 def add_commands(sub) -> None:
     """Add ``sample``, ``fid-stats`` and ``eval`` to the ``scalelong`` subparsers ``sub``."""
     from scalelong.metrics import METRIC_NAMES
+    from scalelong.training.config import MIXED_PRECISION
 
     p = sub.add_parser("sample", help="draw images from a run's EMA weights", description=SAMPLE_DOC)
     _add_checkpoint_args(p)
@@ -166,7 +167,7 @@ def add_commands(sub) -> None:
     p.add_argument("--inception-weights", help=INCEPTION_WEIGHTS_HELP)
     p.add_argument(
         "--mixed-precision",
-        choices=("no", "bf16", "fp16"),
+        choices=MIXED_PRECISION,
         help="the sampler's forward; default: the run's eval.mixed_precision",
     )
     p.add_argument(

@@ -46,10 +46,11 @@ class Attention(nn.Module):
         B, L, D = x.shape
         qkv = self.qkv(x).reshape(B, L, 3, self.num_heads, D // self.num_heads)
         q, k, v = qkv.permute(2, 0, 3, 1, 4)  # each (B, H, L, D / H)
-        if q.device.type == "cpu" and q.dtype == torch.bfloat16:
-            # Under CPU bf16 autocast: two bf16 matrix products around an fp32 softmax, as GPU kernels
-            # compute bf16 attention. The CPU's bf16 SDPA kernels take 3.6x as long as its fp32 ones
-            # at U-ViT's sizes, and these two products 0.78x (benchmarks/train_step.py).
+        if q.device.type == "cpu" and q.dtype == torch.bfloat16 and torch.is_autocast_enabled("cpu"):
+            # Under torch's CPU bf16 autocast: two bf16 matrix products around an fp32 softmax, as GPU
+            # kernels compute bf16 attention. The CPU's bf16 SDPA kernels take 3.6x as long as its fp32
+            # ones at U-ViT's sizes, and these two products 0.78x (benchmarks/train_step.py). Under
+            # scalelong.fp16's policy SDPA is one fp32 kernel on bf16 values, as for fp16.
             scores = (q * q.shape[-1] ** -0.5) @ k.transpose(-2, -1)  # (B, H, L, L)
             x = scores.float().softmax(dim=-1).to(q.dtype) @ v
         else:

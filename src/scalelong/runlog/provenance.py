@@ -2,8 +2,9 @@
 
 Written into every run's ``summary.json`` (``provenance``) so that a study can say per run which
 commit, torch and device produced it, and refuse to mix runs silently. The precision is the one the
-run really used: ``train.mixed_precision=bf16`` on a CPU without bf16 instructions runs in fp32
-(:func:`scalelong.training.launch.bf16_where_it_pays`), and a reader of the config alone would not know.
+run computed in, and ``autocast`` says whose policy computed it: torch's own autocast on the device, or
+CUDA's computed on the CPU (:func:`scalelong.training.launch.gpu_autocast_dtype`: fp16 on a CPU,
+bf16 on a CPU without bf16 units), which a reader of the config alone would not know.
 """
 
 from __future__ import annotations
@@ -85,15 +86,18 @@ def package_version() -> str | None:
         return None
 
 
-def provenance(precision: str, device: torch.device | str) -> dict:
-    """The run's provenance: ``precision`` is Accelerate's mixed-precision setting the run really
-    used (``no``, ``bf16``, ``fp16``)."""
+def provenance(precision: str, device: torch.device | str, gpu_policy_on_cpu: bool = False) -> dict:
+    """The run's provenance: ``precision`` is the mixed-precision setting the run really used (``no``,
+    ``bf16``, ``fp16``); ``gpu_policy_on_cpu`` when :class:`scalelong.fp16.gpu_autocast` computed it."""
+    name = PRECISION_NAMES.get(precision, precision)
+    autocast = None if name == "fp32" else "cuda policy on cpu" if gpu_policy_on_cpu else "torch"
     return {
         "commit": source_commit(),
         "scalelong": package_version(),
         "torch": torch.__version__,
         "python": platform.python_version(),
-        "precision": PRECISION_NAMES.get(precision, precision),
+        "precision": name,
+        "autocast": autocast,
         "device": torch.device(device).type,
         "device_name": device_name(device),
         "threads": torch.get_num_threads(),

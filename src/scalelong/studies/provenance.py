@@ -119,8 +119,7 @@ def provenance_section(runs: Mapping[Cell, Sequence[StudyRun]]) -> list[str]:
     return [
         heading,
         "The runs were not all made by the same commit, torch, precision and device: per cell, every "
-        "value among its runs (a precision of bf16 on a CPU without bf16 units runs as fp32 and is "
-        "recorded so). Each run's provenance, config and time series: `runs.json`.",
+        "value among its runs. Each run's provenance, config and time series: `runs.json`.",
         "\n".join(lines),
         *said,
     ]

@@ -172,7 +172,9 @@ class TrainConfig:
     ema_decay: float = 0.9999
     log_every: int = 10
     device: str = "auto"  # auto | cpu | cuda
-    mixed_precision: str | bool = "no"  # no | fp16 (loss scaling; CPU too) | bf16; YAML reads no as false
+    # no | fp16 (loss scaling) | bf16 | auto: bf16 where the hardware computes it, else fp32. fp16 and bf16
+    # run on any CPU as a GPU computes them (scalelong.fp16). YAML reads no as false.
+    mixed_precision: str | bool = "no"
     compile: bool = False  # torch.compile the training forward (diagnostic steps run eager); see benchmarks
     # `scalelong train` on a CPU: data-parallel processes of one thread each (what --num-processes N
     # does), up to the cores; 1: one process on every core. Studies place their runs with --jobs.
@@ -215,7 +217,7 @@ class EvalConfig:
     steps: int = 50
     batch_size: int = 250
     final_num_samples: int = 5000  # re-score the best checkpoint with this many (the recipe: 50k); 0: off
-    mixed_precision: str | bool = "no"  # the sampler's network forward: no (fp32) | bf16 | fp16 autocast
+    mixed_precision: str | bool = "no"  # the sampler's network forward: no (fp32) | bf16 | fp16 | auto
     # text-to-image runs: MS-COCO captions JSON (captions_val2014.json); evaluation sample i shows
     # caption i of a permutation drawn from the evaluation seed, as `scalelong eval --captions` draws them
     captions: str | None = None
@@ -431,7 +433,7 @@ DATASETS = ("mnist", "cifar10", "celeba64", "imagenet64", "folder", "array", "co
 FILE_DATASETS = ("folder", "celeba64", "imagenet64", "array")  # data.channels applies (array: must match)
 HELDOUT_DATASETS = ("folder", "array")  # no split of their own: data.heldout images are held out
 HELDOUT_SPLITS = ("train", "heldout", "all")  # scalelong.data.HELDOUT_SPLITS
-MIXED_PRECISION = ("no", "fp16", "bf16")
+MIXED_PRECISION = ("no", "fp16", "bf16", "auto")
 OPTIM_IMPLEMENTATIONS = ("default", "foreach", "fused")
 LR_SCHEDULES = ("constant", "cosine")
 SCHEDULES = ("vpsde", "ddpm")

@@ -32,7 +32,7 @@ from torch import nn
 from scalelong.diagnostics import metric_names
 from scalelong.diffusion import mean_image_error, noise_level_errors
 from scalelong.errors import ScaleLongError
-from scalelong.fp16 import gpu_fp16_autocast
+from scalelong.fp16 import gpu_autocast
 from scalelong.metrics.fd_mnist import digit_score_of_features, real_digit_score
 from scalelong.metrics.frechet import (
     FeatureFn,
@@ -52,7 +52,7 @@ from scalelong.sampling import generate
 from scalelong.training.build import build_dataset, build_schedule, model_input_shape
 from scalelong.training.checkpoint import DamagedCheckpoint
 from scalelong.training.config import HELDOUT_DATASETS, Config, EvalConfig
-from scalelong.training.launch import bf16_runs_natively, bf16_where_it_pays
+from scalelong.training.launch import gpu_autocast_dtype, resolve_precision
 from scalelong.training.runs import RunDir, load_model, writer_of
 
 if TYPE_CHECKING:
@@ -81,20 +81,22 @@ def reference_for(e: EvalConfig) -> tuple[np.ndarray, np.ndarray]:
 
 
 def forward_precision(cfg: Config, device: torch.device | str) -> str:
-    """What the sampler's network forward runs in, ``bf16``, ``fp16`` or ``fp32``: ``eval.mixed_precision``,
-    except bf16 on a CPU that only emulates it (:func:`scalelong.training.launch.bf16_runs_natively`)."""
-    if cfg.eval.mixed_precision == "fp16":
-        return "fp16"
-    return "bf16" if cfg.eval.mixed_precision == "bf16" and bf16_runs_natively(device) else "fp32"
+    """What the sampler's network forward runs in on ``device``, ``bf16``, ``fp16`` or ``fp32``:
+    ``eval.mixed_precision``, with ``auto`` resolved (:func:`scalelong.training.launch.resolve_precision`)."""
+    precision = resolve_precision(str(cfg.eval.mixed_precision), device)
+    return "fp32" if precision == "no" else precision
 
 
 def forward_autocast(precision: str, device: torch.device | str) -> contextlib.AbstractContextManager:
-    """The autocast of :func:`forward_precision`'s ``precision`` on ``device``. fp16 on the CPU is
-    CUDA's fp16 autocast computed there (:func:`scalelong.fp16.gpu_fp16_autocast`), as training does."""
+    """The autocast of :func:`forward_precision`'s ``precision`` on ``device``. fp16 on the CPU, and
+    bf16 on a CPU without bf16 units, are CUDA's autocast computed there
+    (:func:`scalelong.training.launch.gpu_autocast_dtype`), as training does."""
     kind = torch.device(device).type
-    if precision == "fp16":
-        return gpu_fp16_autocast() if kind == "cpu" else torch.autocast(kind, dtype=torch.float16)
-    return torch.autocast(kind, dtype=torch.bfloat16, enabled=precision == "bf16")
+    emulated = gpu_autocast_dtype(precision, device)
+    if emulated is not None:
+        return gpu_autocast(emulated)
+    dtype = torch.float16 if precision == "fp16" else torch.bfloat16
+    return torch.autocast(kind, dtype=dtype, enabled=precision in ("bf16", "fp16"))
 
 
 def read_caption_list(path: str | Path) -> list[str]:
@@ -386,8 +388,6 @@ class TrainingEvaluator:
         self.e = cfg.eval
         self._features: FeatureFn | None = None
         self.ref = reference_for(self.e) if self.e.every > 0 else None
-        if self.e.every > 0 or self.e.final_num_samples > 0:  # one line now, not one per evaluation
-            bf16_where_it_pays(str(self.e.mixed_precision), self.device, "eval.mixed_precision")
         if self.e.every > 0 and self.e.metric == "fd-mnist":
             if model_input_shape(cfg.model) != (1, 32, 32):
                 raise ScaleLongError(
@@ -777,7 +777,6 @@ def evaluate_run(
         cfg.eval.batch_size = batch_size
     if mixed_precision is not None:
         cfg.eval.mixed_precision = mixed_precision
-    bf16_where_it_pays(str(cfg.eval.mixed_precision), device, "eval.mixed_precision")
     sampler, steps = sampler or cfg.eval.sampler, steps or cfg.eval.steps
     t0 = time.perf_counter()
     score = score_model(

@@ -56,8 +56,9 @@ def resolve_device(name: str = "auto", option: str = "--device ") -> torch.devic
 def make_accelerator(cfg: Config):
     """The Accelerator for train.device and train.mixed_precision (processes come from the environment).
 
-    fp16 on the CPU gets an fp32 Accelerator: the trainer computes CUDA's fp16 autocast itself
-    (:mod:`scalelong.fp16`) and scales the loss with its own ``torch.amp.GradScaler("cpu")``."""
+    fp16 on the CPU, and bf16 on a CPU without bf16 units, get an fp32 Accelerator: the trainer computes
+    CUDA's autocast itself (:func:`gpu_autocast_dtype`) and, in fp16, scales the loss with its own
+    ``torch.amp.GradScaler("cpu")``."""
     from accelerate import Accelerator  # imported when a run starts: it takes seconds
 
     end_with_launcher()  # a launched process ends with its launcher (where the kernel does not see to it)
@@ -65,18 +66,20 @@ def make_accelerator(cfg: Config):
     t = cfg.train
     device = resolve_device(t.device, "train.device=")
     cpu = device.type == "cpu"
-    if cpu and t.mixed_precision == "fp16":
+    precision = resolve_precision(str(t.mixed_precision), device)
+    emulated = gpu_autocast_dtype(precision, device)
+    if emulated is not None:
         if t.compile:
             # Inductor keeps a fused kernel's intermediates in fp32 (unless
             # torch._inductor.config.emulate_precision_casts): compiled, the forward would not round to
             # fp16, nor overflow, where the eager one and a GPU do (a toy Linear-GELU-Linear fed past
             # 65,504: 1 non-finite output compiled, 64 eager).
+            where = "the CPU" if emulated == torch.float16 else "a CPU without bf16 units"
             raise ScaleLongError(
-                "train.compile=true with train.mixed_precision=fp16 on the CPU: the compiled forward would "
-                "not round to fp16 where a GPU does; use train.compile=false"
+                f"train.compile=true with train.mixed_precision={precision} on {where}: the compiled "
+                f"forward would not round to {precision} where a GPU does; use train.compile=false"
             )
         return Accelerator(cpu=True, mixed_precision="no")
-    precision = bf16_where_it_pays(str(t.mixed_precision), device, "train.mixed_precision")
     return Accelerator(cpu=cpu, mixed_precision=precision)
 
 
@@ -89,20 +92,31 @@ def cpu_has_bf16() -> bool:
         return False
 
 
-def bf16_runs_natively(device: torch.device | str) -> bool:
-    """Whether bf16 pays on ``device``: a GPU, or a CPU with bf16 instructions. Elsewhere torch
-    emulates it, several times slower than fp32 (the demo's training step 11x on an AVX2-only CPU)."""
-    return torch.device(device).type != "cpu" or cpu_has_bf16()
+def resolve_precision(precision: str, device: torch.device | str) -> str:
+    """A ``mixed_precision`` setting as it runs on ``device``: ``auto`` is ``bf16`` where the hardware
+    computes it (a GPU with bf16, a CPU with bf16 units: :func:`cpu_has_bf16`) and ``no`` (fp32)
+    elsewhere, for speed alone; ``no``, ``bf16`` and ``fp16`` run as asked on every device."""
+    if precision != "auto":
+        return precision
+    kind = torch.device(device).type
+    native = cpu_has_bf16() if kind == "cpu" else kind == "cuda" and torch.cuda.is_bf16_supported()
+    return "bf16" if native else "no"
 
 
-def bf16_where_it_pays(precision: str, device: torch.device | str, option: str) -> str:
-    """``precision`` (``no`` | ``bf16`` | ``fp16``) as it will run on ``device``: ``bf16`` where it is
-    only emulated (:func:`bf16_runs_natively`) becomes ``no`` (fp32), with one warning line."""
-    if precision == "bf16" and not bf16_runs_natively(device):
-        print(f"warning: {option}=bf16: this CPU has no bf16 instructions, where bf16 runs several times "
-              "slower than fp32; using fp32", flush=True)  # fmt: skip
-        return "no"
-    return precision
+def gpu_autocast_dtype(precision: str, device: torch.device | str) -> torch.dtype | None:
+    """The dtype whose CUDA autocast the product computes itself on ``device``
+    (:class:`scalelong.fp16.gpu_autocast`, fp32 products of low-precision values) for ``precision``
+    (``no`` | ``bf16`` | ``fp16``): fp16 on any CPU (torch's CPU policy differs from CUDA's, and its
+    fp16 kernels are slow), bf16 on a CPU without bf16 units (torch's bf16 kernels there run about
+    ten times slower than fp32). None where torch's autocast runs: a GPU, fp32, bf16 on a CPU with
+    bf16 units (:func:`cpu_has_bf16`)."""
+    if torch.device(device).type != "cpu":
+        return None
+    if precision == "fp16":
+        return torch.float16
+    if precision == "bf16" and not cpu_has_bf16():
+        return torch.bfloat16
+    return None
 
 
 def on_main_process(accelerator, fn: Callable[[], object]) -> object:

@@ -70,7 +70,13 @@ from scalelong.training.checkpoint import (
 )
 from scalelong.training.config import Config, config_to_dict, save_config
 from scalelong.training.evaluation import NoiseLevelProbe, TrainingEvaluator
-from scalelong.training.launch import make_accelerator, on_main_process, sigterm_as_interrupt
+from scalelong.training.launch import (
+    gpu_autocast_dtype,
+    make_accelerator,
+    on_main_process,
+    resolve_precision,
+    sigterm_as_interrupt,
+)
 from scalelong.training.runs import RunDir
 
 # Hooks a caller passes in (extensions, and tests: a forced NaN loss, a run that waits to be
@@ -256,12 +262,16 @@ class Trainer:
         # using the eager module, and diagnostic steps run eager so their hooks and the skip probe
         # never cause a recompile (benchmarks/train_step.py measures compile time and speed).
         self.compiled = torch.compile(self.model) if cfg.train.compile else None
-        # train.mixed_precision=fp16 on the CPU: Accelerate runs fp32 (make_accelerator), and the
-        # trainer does what Accelerate does with a GPU: the forward under CUDA's fp16 autocast policy
-        # (scalelong.fp16, computed in fp32 on fp16 values) with fp32 outputs, and a loss scaler.
-        self.cpu_fp16 = cfg.train.mixed_precision == "fp16" and accelerator.device.type == "cpu"
+        # train.mixed_precision=fp16 on the CPU (and bf16 on a CPU without bf16 units): Accelerate runs
+        # fp32 (make_accelerator), and the trainer does what Accelerate does with a GPU: the forward
+        # under CUDA's autocast policy (scalelong.fp16, computed in fp32 on fp16 or bf16 values) with
+        # fp32 outputs, and in fp16 a loss scaler.
+        asked = resolve_precision(str(cfg.train.mixed_precision), accelerator.device)
+        self.cpu_autocast = gpu_autocast_dtype(asked, accelerator.device)
+        self.cpu_fp16 = self.cpu_autocast == torch.float16
         self.scaler = torch.amp.GradScaler("cpu") if self.cpu_fp16 else accelerator.scaler
-        self.precision = "fp16" if self.cpu_fp16 else accelerator.mixed_precision  # what the run computes in
+        # what the run computes in
+        self.precision = asked if self.cpu_autocast else accelerator.mixed_precision
         self.cause = ""  # why the last skipped step was skipped (Trainer.locate)
         self.params = [p for p in self.model.parameters() if p.requires_grad]
         # One generator for the whole global batch, advanced alike on every process.
@@ -456,9 +466,9 @@ class Trainer:
         return loss.mean(), input_free_loss(self.schedule, x0, t, noise, self.mean_image).mean()
 
     def forward(self, net: Callable) -> Callable:
-        """The training forward of ``net``: under CUDA's fp16 autocast policy when the run trains in
-        fp16 on the CPU (Accelerate's prepared model already autocasts on a GPU)."""
-        return autocast_forward(net) if self.cpu_fp16 else net
+        """The training forward of ``net``: under CUDA's autocast policy when the run computes it on
+        the CPU (:func:`gpu_autocast_dtype`; Accelerate's prepared model autocasts elsewhere)."""
+        return autocast_forward(net, dtype=self.cpu_autocast) if self.cpu_autocast else net
 
     @functools.cached_property
     def mean_image(self) -> torch.Tensor:
@@ -907,7 +917,8 @@ def _end(
         summary["best"] = final
     if trainer.cause:  # the last skipped step: where it went non-finite (Trainer.locate)
         summary["last_skipped"] = trainer.cause
-    summary["provenance"] = provenance(trainer.precision, trainer.acc.device)
+    gpu_policy = trainer.cpu_autocast is not None
+    summary["provenance"] = provenance(trainer.precision, trainer.acc.device, gpu_policy)
     run.write_summary(summary)
 
 

@@ -138,8 +138,9 @@ def _label(precisions: Iterable[str]) -> str:
 
 
 def config_precision(mixed_precision: str) -> str:
-    """A config's ``train.mixed_precision`` as the section names it: ``bf16, by its config`` (on a
-    CPU without bf16 units such a run computes in fp32, which only its provenance says)."""
+    """A config's ``train.mixed_precision`` as the section names it: ``bf16, by its config`` (runs made
+    before bf16 ran as a GPU computes it on CPUs without bf16 units computed there in fp32, which only
+    their provenance says)."""
     return f"{PRECISION_NAMES.get(mixed_precision, mixed_precision)}, by its config"
 
 
