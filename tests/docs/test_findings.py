@@ -336,9 +336,14 @@ def fp16_lr_clause(cells, lr: float) -> str:
         text = f"`{m}` {len(failed(m))}/{at[m].count}"
         if m != "none":
             p = format(outcomes(at[m], at["none"]).p, ".2g")
-            notes = ["the same seeds"] if failed(m) == failed("none") else []
+            notes = [f"the same seed{'s' * (len(failed(m)) > 1)}"] if failed(m) == failed("none") else []
             if rescued := len(failed("none") - failed(m)):
-                notes.append(f"trained on {rescued} of the {len(failed('none'))} seeds `none` failed")
+                of = len(failed("none"))
+                notes.append(
+                    f"trained on {rescued} of the {of} seeds `none` failed"
+                    if of > 1
+                    else "trained on the seed `none` failed"
+                )
             notes.append(f"McNemar p = {p} against `none`" if len(counts) == 1 else f"p = {p}")
             text += f" ({'; '.join(notes)})"
         counts.append(text)
@@ -386,14 +391,12 @@ def merge_norm_fp16_clause() -> str:
     at = {k[1]: c for k, c in cells.items() if k[2] == "merge-norm" and c.count >= 5}
     runs = by_run(at.values())
     broken = {k: r for k, r in runs.items() if r.breaks}
-    seeds = sorted({k[3] for k in broken})
-    every_lr = all({k[3] for k in broken if k[1] == lr} == set(seeds) for lr in at)
+    lrs_of = {seed: sorted(k[1] for k in broken if k[3] == seed) for seed in sorted({k[3] for k in broken})}
     causes = sorted({b.criterion for r in broken.values() for b in r.breaks})
+    where = _and([f"seed {seed} (at {_and([f'{lr:g}' for lr in lrs])})" for seed, lrs in lrs_of.items()])
     return (
         f"(`merge-norm`) {'overflowed' if any(overflowed(r) for r in runs.values()) else 'never overflowed'} "
-        f"in forward but failed seed{'s' if len(seeds) > 1 else ''} {_and([str(x) for x in seeds])} "
-        f"{'at both lrs' if every_lr and len(at) == 2 else 'at some lrs'} by "
-        f"{' and '.join(CAUSE_WORDS[c].split(' (')[0] for c in causes)}"
+        f"in forward but failed {where} by {' and '.join(CAUSE_WORDS[c].split(' (')[0] for c in causes)}"
     )
 
 
