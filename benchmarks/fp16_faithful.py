@@ -1,8 +1,9 @@
-"""fp16 on the CPU against torch's own fp16 kernels: the same training run, step by step.
+"""fp16 (or bf16) on the CPU against torch's own kernels: the same training run, step by step.
 
     python -m benchmarks.fp16_faithful                  # 100 steps of the stability preset, batch 32
     python -m benchmarks.fp16_faithful --steps 30       # fewer: torch's CPU fp16 kernels take seconds a step
     python -m benchmarks.fp16_faithful --against cuda   # with a GPU: against CUDA's own fp16 autocast
+    python -m benchmarks.fp16_faithful --dtype bf16 --against cpu   # bf16: against torch's CPU autocast
 
 Both arms train the stability preset's U-ViT from the same initial weights on the same batches,
 times and noise, with the trainer's fp16 step: the forward under CUDA's fp16 autocast policy
@@ -13,10 +14,15 @@ attention) alone:
 
 * ``policy``: fp32 products of fp16 values, rounded to fp16 (what ``train.mixed_precision=fp16`` runs
   on the CPU, as GPU tensor cores accumulate in fp32);
-* ``native``: torch's own fp16 kernels on fp16 tensors (``gpu_fp16_autocast(native=True)``): CUDA's
+* ``native``: torch's own fp16 kernels on fp16 tensors (``gpu_autocast(native=True)``): CUDA's
   autocast arranged on the CPU, about ten times slower on a CPU without fp16 units;
 * ``cuda`` (``--against cuda``, with a GPU at hand): the same steps on the GPU under
-  ``torch.autocast("cuda", dtype=torch.float16)`` with a ``GradScaler("cuda")``, the thing itself.
+  ``torch.autocast("cuda", dtype=torch.float16)`` with a ``GradScaler("cuda")``, the thing itself;
+* ``cpu`` (``--against cpu``): torch's own CPU autocast, whose lists differ from CUDA's (it leaves
+  layer_norm, softmax and the upsampling ops in their input's dtype): with ``--dtype bf16``, what
+  ``train.mixed_precision=bf16`` runs on a CPU with bf16 units, against what it runs on one without.
+
+``--dtype bf16`` runs every arm in bf16 instead, without loss scaling (bf16 has fp32's range).
 
 Reported: each step's loss (the largest relative difference, and that of the run's mean loss), the
 steps the scaler skipped in each arm, the final loss scale and the time per step. Goal: losses
@@ -35,9 +41,10 @@ import torch
 from benchmarks.harness import add_common_args, markdown_table, result_name, setup, write_result
 
 
-def run(arm: str, steps: int, batch: int, preset: str) -> dict:
-    """``steps`` trainer-like fp16 steps of ``preset`` in ``arm`` (``policy``, ``native``: on the
-    CPU; ``cuda``: on the GPU under its own autocast): losses, skipped steps, scale, seconds."""
+def run(arm: str, steps: int, batch: int, preset: str, dtype: torch.dtype = torch.float16) -> dict:
+    """``steps`` trainer-like ``dtype`` steps of ``preset`` in ``arm`` (``policy``, ``native``: CUDA's
+    lists on the CPU; ``cpu``: torch's CPU autocast; ``cuda``: on the GPU under its own autocast):
+    losses, skipped steps, scale, seconds."""
     from scalelong.data import embedded_mnist
     from scalelong.diffusion import denoising_loss
     from scalelong.fp16 import autocast_forward
@@ -54,14 +61,14 @@ def run(arm: str, steps: int, batch: int, preset: str) -> dict:
     schedule = build_schedule(cfg.diffusion)
     params = [p for p in model.parameters() if p.requires_grad]
     opt = make_optimizer(params, o, device)
-    scaler = torch.amp.GradScaler(device.type)
-    if arm == "cuda":
+    scaler = torch.amp.GradScaler(device.type, enabled=dtype == torch.float16)
+    if arm in ("cuda", "cpu"):
 
         def net(*a, **k):
-            with torch.autocast("cuda", dtype=torch.float16):
+            with torch.autocast(device.type, dtype=dtype):
                 return model(*a, **k).float()
     else:
-        net = autocast_forward(model, native=arm == "native")
+        net = autocast_forward(model, native=arm == "native", dtype=dtype)
     images, _ = embedded_mnist("train")
     gen = torch.Generator().manual_seed(cfg.train.seed)  # the same draws in both arms
     out: dict = {"loss": [], "skipped": [], "seconds": []}
@@ -89,7 +96,7 @@ def run(arm: str, steps: int, batch: int, preset: str) -> dict:
         out["loss"].append(loss.item())
         if not finite:
             out["skipped"].append(step + 1)
-    out["scale"] = scaler.get_scale()
+    out["scale"] = scaler.get_scale() if scaler.is_enabled() else None
     return out
 
 
@@ -119,8 +126,11 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument(
         "--against",
         default="native",
-        choices=("native", "cuda"),
-        help="the reference arm (cuda: needs a GPU)",
+        choices=("native", "cpu", "cuda"),
+        help="the reference arm (cpu: torch's CPU autocast; cuda: needs a GPU)",
+    )
+    p.add_argument(
+        "--dtype", default="fp16", choices=("fp16", "bf16"), help="the lower precision of every arm"
     )
     args = p.parse_args(argv)
     device = setup(args)
@@ -131,10 +141,11 @@ def main(argv: list[str] | None = None) -> None:
     if args.against == "cuda" and not torch.cuda.is_available():
         p.error("--against cuda needs a CUDA device")
     steps = args.steps or (20 if args.quick else 100)
+    dtype = {"fp16": torch.float16, "bf16": torch.bfloat16}[args.dtype]
     arms = {}
     for name in ("policy", args.against):
         t0 = time.perf_counter()
-        arms[name] = run(name, steps, args.batch, args.preset)
+        arms[name] = run(name, steps, args.batch, args.preset, dtype)
         print(f"{name}: {steps} steps in {time.perf_counter() - t0:.0f} s", flush=True)
     arms["native"] = arms[args.against]  # the reference, under the name the table uses
     c = compare(arms["policy"], arms["native"])
@@ -143,20 +154,29 @@ def main(argv: list[str] | None = None) -> None:
         ["median relative difference of a step's loss", f"{c['median_step_rel']:.2e}", ""],
         ["relative difference of the mean loss", f"{c['mean_loss_rel']:.2e}", "≤ 1%"],
         [
-            "steps the scaler skipped: policy / native",
+            f"steps the scaler skipped: policy / {args.against}",
             f"{arms['policy']['skipped']} / {arms['native']['skipped']}",
             "the same",
         ],  # fmt: skip
         [
-            "final loss scale: policy / native",
-            f"{arms['policy']['scale']:g} / {arms['native']['scale']:g}",
+            f"final loss scale: policy / {args.against}",
+            f"{arms['policy']['scale']} / {arms['native']['scale']}",
             "",
         ],
-        ["step s: policy / native", f"{c['step_s']['policy']:.2f} / {c['step_s']['native']:.2f}", ""],
+        [
+            f"step s: policy / {args.against}",
+            f"{c['step_s']['policy']:.2f} / {c['step_s']['native']:.2f}",
+            "",
+        ],
     ]
     met = c["max_step_rel"] <= 0.01 and c["mean_loss_rel"] <= 0.01 and c["same_skips"]
     text = markdown_table(
-        [f"fp16 on the CPU: CUDA's policy in fp32 products vs {args.against} fp16", "value", "goal"], rows
+        [
+            f"{args.dtype} on the CPU: CUDA's policy in fp32 products vs {args.against} {args.dtype}",
+            "value",
+            "goal",
+        ],
+        rows,
     )
     text += (
         f"\n\n{args.preset} preset, batch {args.batch}, {steps} steps, {torch.get_num_threads()} thread(s): "
@@ -164,7 +184,12 @@ def main(argv: list[str] | None = None) -> None:
     )
     print(text)
     write_result(
-        result_name("fp16_faithful", device, args.quick),
+        result_name(
+            f"{args.dtype}_faithful",
+            device,
+            args.quick,
+            "" if args.against == "native" else args.against,
+        ),
         {
             "args": vars(args),
             "steps": steps,

@@ -17,3 +17,5 @@ $PY -m benchmarks.uvit_vs_reference --device cuda --batch 128 --repeats 20
 # fp16 on the CPU (CUDA's policy, scalelong.fp16) against CUDA's own fp16 autocast: 100 steps of the
 # stability preset from the same weights and draws; goal: losses within 1%, the same skipped steps
 $PY -m benchmarks.fp16_faithful --against cuda --steps 100
+# bf16 on the CPU without bf16 units (CUDA's policy) against CUDA's own bf16 autocast, the same way
+$PY -m benchmarks.fp16_faithful --dtype bf16 --against cuda --steps 100
