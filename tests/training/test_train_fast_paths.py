@@ -238,3 +238,14 @@ def test_bf16_trains_in_bf16_on_a_cpu_without_bf16_units(tmp_path, monkeypatch):
     assert losses["auto"] == losses["no"]  # auto: fp32 where bf16 is not fast
     assert losses["bf16"] != losses["no"]
     assert max(abs(b / f - 1) for b, f in zip(losses["bf16"], losses["no"], strict=True)) < 0.02
+
+
+def test_the_start_line_says_what_the_run_computes_in(tmp_path, monkeypatch, capsys):
+    from scalelong.training import launch
+
+    monkeypatch.setattr(launch, "cpu_has_bf16", lambda: False)
+    for p, said in (("bf16", "bf16 (CUDA's autocast policy)"), ("auto", "fp32")):
+        overrides = [*tiny_uvit_overrides(f"say-{p}", tmp_path, 1), f"train.mixed_precision={p}"]
+        train(load_config("configs/demo_uvit.yaml", overrides), progress=False)
+        first = capsys.readouterr().out.splitlines()[0]
+        assert first.startswith("scalelong: ") and f"1 process(es) on cpu in {said}, run: " in first, first

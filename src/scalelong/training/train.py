@@ -846,10 +846,13 @@ def _fit(trainer: Trainer, progress: bool, start_state: dict | None) -> RunResul
         tracker = Tracker(
             run, config_to_dict(cfg), trainer.step, tensorboard=t.tensorboard, wandb=t.wandb, warn=print
         )
+        # what the run computes in, said once: bf16 is CUDA's policy on a CPU without bf16 units
+        computed = PRECISION_NAMES.get(trainer.precision, trainer.precision)
+        computed += " (CUDA's autocast policy)" if trainer.cpu_autocast is not None else ""
         print(
             f"scalelong: {count_parameters(trainer.unwrapped):,} parameters, skips: "
             f"{cfg.model.skip.method}, {acc.num_processes} process(es) on "
-            f"{acc.device.type}, run: {run}"
+            f"{acc.device.type} in {computed}, run: {run}"
         )
     status, error, stopped = "failed", None, None
     try:
