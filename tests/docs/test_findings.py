@@ -16,6 +16,7 @@ import pytest
 
 from conftest import REPO
 from scalelong.skips import method_order
+from scalelong.studies.summary import CellSummary
 from scalelong.studies.sweep.beside import by_run, overflowed
 from scalelong.studies.sweep.mapfile import read_map
 from scalelong.studies.sweep.paired import outcomes
@@ -322,8 +323,11 @@ def fp16_readme_sentence() -> str:
 def fp16_lr_clause(cells, lr: float) -> str:
     """At one lr: each method's fp16 failures k/n with McNemar's p against `none` (paired by seed),
     where the failures overflowed, and how bf16 did on the same runs (the methods it ran on five or
-    more of them)."""
+    more of them); on the seeds every method there ran (a paired test's further seeds of two methods
+    are its own finding)."""
     at = {k[2]: c for k, c in cells.items() if k[1] == lr and c.count >= 5}
+    shared = set.intersection(*({r.seed for r in c.runs} for c in at.values()))
+    at = {m: CellSummary(c.cell, [r for r in c.runs if r.seed in shared], c.metric) for m, c in at.items()}
     methods = sorted(at, key=method_order)
     fp16 = by_run(at.values())
     seeds = sorted({k[3] for k in fp16})
