@@ -404,6 +404,32 @@ def merge_norm_fp16_clause() -> str:
     )
 
 
+def fp16_paired_sentence(method: str, lr: float) -> str:
+    """Studies' sentence on an fp16 paired test against `none` (20 seeds planned, the criterion stated
+    before the runs), as far as its seeds have run: the paired 2x2 counts and McNemar's p."""
+    (row,) = [r for r in study("lr-basin-fp16")[1]["paired"] if r["method"] == method and r["lr"] == lr]
+    n, both, only_none, only_m = (
+        row[k] for k in ("shared_seeds", "both_failed", "only_none_failed", "only_method_failed")
+    )
+    failed_none, failed_m = both + only_none, both + only_m
+    if n < 20:
+        status = "the test is read at 20 seeds"
+    elif row["mcnemar_p"] < 0.05 and failed_m < failed_none:
+        status = "a rescue by the criterion stated before the runs"
+    else:
+        status = "no rescue by the criterion stated before the runs"
+    return (
+        f"`none` against `{method}` at {lr:g}, {n} of the 20 paired seeds finished: `none` failed "
+        f"{failed_none}/{n} and `{method}` {failed_m}/{n}, both on {both}, only `none` on {only_none}, only "
+        f"`{method}` on {only_m} (McNemar p = {row['mcnemar_p']:.2g}); {status}"
+    )
+
+
+def test_the_fp16_paired_tests_as_quoted():
+    assert_quoted("docs/studies.md", fp16_paired_sentence("cs", 0.006))
+    assert_quoted("docs/studies.md", fp16_paired_sentence("merge-norm", 0.02))
+
+
 def test_the_fp16_basin_in_the_readme():
     assert_quoted("README.md", fp16_readme_sentence())
     assert_quoted("README.md", merge_norm_fp16_clause())
