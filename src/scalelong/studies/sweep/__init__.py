@@ -14,7 +14,8 @@ What is specific to the grid lives in this package, one module a job:
 * :mod:`~scalelong.studies.sweep.grid`: the cells, each run's config, the plan, the runs read back;
 * :mod:`~scalelong.studies.sweep.tables`: the stability, cell, gap, Fig. 1 and cause tables;
 * :mod:`~scalelong.studies.sweep.figures`: the heatmaps and Fig. 1 by depth;
-* :mod:`~scalelong.studies.sweep.basin`: the lr basin (Wortsman et al. 2023), the largest stable lr;
+* :mod:`~scalelong.studies.sweep.basin`: the lr basin (Wortsman et al. 2023) and its LR sensitivity;
+* :mod:`~scalelong.studies.sweep.edges`: the largest stable lr, on each set of seeds that methods share;
 * :mod:`~scalelong.studies.sweep.length`: the gap by length, over training;
 * :mod:`~scalelong.studies.sweep.paired`: failure paired by seed against ``none``;
 * :mod:`~scalelong.studies.sweep.beside`: the same grid in another precision, set beside this one

@@ -21,7 +21,8 @@ every lr of the grid. The LR sensitivity of a method is the mean of LRS_s over t
 Whether a run failed is the study's one rule (:mod:`scalelong.studies.divergence`). The **largest
 stable lr** is read only from the seeds that every method of the depth ran at an lr (the shared
 seeds): an lr where the methods ran different seeds is decided on the seeds they share, and one
-that some method did not run decides nothing, so that no edge comes from a seed count.
+that some method did not run decides nothing, so that no edge comes from a seed count. Where methods
+ran unequal seeds, :mod:`.edges` reads an edge on every set of seeds that some methods share.
 
 Nothing here assumes a backbone: a cell's depth is None for a network without one.
 """
@@ -38,6 +39,7 @@ from scalelong.skips import method_order
 from scalelong.studies.plots import BasinPoint, plot_basin
 from scalelong.studies.statistics import Contrast, contrast, fmt_ci, fmt_contrast, mean_ci
 from scalelong.studies.summary import CellSummary
+from scalelong.studies.sweep.edges import EDGES_NOTE, comparisons, edges_table, largest_stable_lr
 
 WEIGHTS = {"ema": "EMA weights", "raw": "trained weights"}  # whose error: x0_error, x0_error_raw
 _ERROR = {"ema": "x0_error", "raw": "x0_error_raw"}
@@ -71,18 +73,6 @@ def lr_sensitivity(values: Sequence[float]) -> float:
     if not values or not all(math.isfinite(v) for v in values):
         return math.nan
     return statistics.fmean(values) - min(values)
-
-
-def largest_stable_lr(counts: Mapping[float, tuple[int, int]]) -> float | None:
-    """The largest lr at which no seed failed, nor at any smaller lr that decides (``counts[lr]``:
-    failed k of n runs, on the seeds every compared method ran there): a stable lr above a failed
-    one is luck, not margin. None when the smallest lr failed."""
-    stable = None
-    for lr in sorted(counts):
-        if counts[lr][0]:
-            break
-        stable = lr
-    return stable
 
 
 @dataclass(frozen=True)
@@ -421,6 +411,8 @@ def basin_section(
         parts.append(basin_table(mine))
         if note := _left_out_note(mine, "ema"):
             parts.append(note)
+        if len(comparisons(mine)) > 1:  # unequal seeds: the edge of each comparison they support
+            parts += [EDGES_NOTE, edges_table(mine)]
     return parts, found
 
 

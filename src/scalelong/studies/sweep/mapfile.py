@@ -23,6 +23,7 @@ from scalelong.skips import method_order
 from scalelong.studies.divergence import DEFAULT_RULE, Divergence
 from scalelong.studies.summary import Cell, CellSummary, SeedSummary
 from scalelong.studies.sweep.basin import Basin, basin_json, basins
+from scalelong.studies.sweep.edges import edges_json
 from scalelong.studies.sweep.paired import paired_json
 
 # map.json column -> SeedSummary field
@@ -63,9 +64,11 @@ def write_map_json(
     source and its capped value, its precision and the steps it skipped; and where the map has two
     lrs or more, ``basin``, per (method, depth), the numbers of the lr basin
     (:func:`scalelong.studies.sweep.basin.basin_json`), so the basin tables can be rebuilt from the
-    file. ``found``: the basins of ``cells`` where already computed; ``recorded``: the verdicts a map
-    read back recorded (:func:`read_map`), kept; ``beside``: where the map of another precision set
-    beside this one is (:func:`scalelong.studies.sweep.beside.beside_record`), so a rebuild finds it."""
+    file, and ``edges``, the largest stable lr of each comparison on equal seeds
+    (:func:`scalelong.studies.sweep.edges.edges_json`). ``found``: the basins of ``cells`` where
+    already computed; ``recorded``: the verdicts a map read back recorded (:func:`read_map`), kept;
+    ``beside``: where the map of another precision set beside this one is
+    (:func:`scalelong.studies.sweep.beside.beside_record`), so a rebuild finds it."""
 
     def number(x: float) -> float | None:
         return x if math.isfinite(x) else None  # JSON has no NaN
@@ -121,6 +124,8 @@ def write_map_json(
     data = {"metric": key, "rule": DEFAULT_RULE.describe(), "cells": rows, "paired": paired_json(cells)}
     if len({c.cell.lr for c in cells}) > 1:  # a basin needs two lrs (basin_section)
         data |= {"basin_weights": "ema (lr_sensitivity_raw: the trained weights)", "basin": basin_json(found)}
+        depths = sorted({b.depth for b in found}, key=lambda d: -1 if d is None else d)
+        data["edges"] = [e for d in depths for e in edges_json([b for b in found if b.depth == d])]
     if beside:
         data["beside"] = dict(beside)
     write_text_atomic(path, json.dumps(data, indent=1) + "\n")

@@ -1,0 +1,93 @@
+"""The largest stable lr on each set of equal seeds: which comparisons runs of unequal seeds support,
+each method's edge within one, the report's table and map.json, on records written by hand."""
+
+import json
+
+from scalelong.studies.divergence import Divergence
+from scalelong.studies.summary import Cell, CellSummary, SeedSummary
+from scalelong.studies.sweep.basin import basin_section, basins
+from scalelong.studies.sweep.edges import Comparison, comparisons, edge_text, edges_json, edges_table
+from scalelong.studies.sweep.mapfile import write_map_json
+
+BROKE = (Divergence("nonfinite", 50, "stopped on non-finite steps in a row"),)
+
+
+def cells_of(plan: dict[tuple[str, float], dict[int, bool]]) -> list[CellSummary]:
+    """Depth 12 cells from {(method, lr): {seed: failed}}."""
+    return [
+        CellSummary(
+            Cell(12, lr, method),
+            [
+                SeedSummary(s, x0_error=0.2, x0_error_start=1.0, x0_mean_image=0.8, breaks=BROKE if f else ())
+                for s, f in runs.items()
+            ],
+        )
+        for (method, lr), runs in plan.items()
+    ]
+
+
+def fp16_like() -> list[CellSummary]:
+    """Seed 0 of three methods at 1e-2 and 2e-2; seeds 0-4 of `none` and `cs` at 6e-3 and 1e-2 (no
+    `ls`): `none` fails seed 1 at 6e-3, which seed 0 alone cannot see; seeds 0-7 of both at 6e-3."""
+    ok = dict.fromkeys(range(5), False)
+    return cells_of(
+        {
+            ("none", 6e-3): {**dict.fromkeys(range(8), False), 1: True, 6: True},
+            ("none", 1e-2): {**ok, 2: True},
+            ("none", 2e-2): {0: True},
+            ("cs", 6e-3): {**dict.fromkeys(range(8), False), 6: True},
+            ("cs", 1e-2): {**ok, 2: True, 3: True},
+            ("cs", 2e-2): {0: True},
+            ("ls", 1e-2): {0: False},
+            ("ls", 2e-2): {0: False},
+        }
+    )
+
+
+def test_each_set_of_seeds_gives_the_largest_comparison_it_supports():
+    found = basins(fp16_like())
+    got = comparisons(found)
+    assert got == [
+        Comparison(12, frozenset(range(8)), ("none", "cs"), (6e-3,)),
+        Comparison(12, frozenset(range(5)), ("none", "cs"), (6e-3, 1e-2)),
+        Comparison(12, frozenset({0}), ("none", "cs", "ls"), (1e-2, 2e-2)),
+        Comparison(12, frozenset({0}), ("none", "cs"), (6e-3, 1e-2, 2e-2)),
+    ]
+    # the basin table's own rule reads none's edge at 1e-2 from seed 0; on seeds 0-4, where it failed
+    # seed 1 at 6e-3, it has none
+    none = found[0]
+    assert none.largest_stable_lr == 1e-2
+    assert edge_text(none, got[1]) == "below 0.006 (1/5 failed there)"
+    assert edge_text(found[1], got[1]) == "0.006 (2/5 failed at 0.01)"
+    assert edge_text(found[2], got[2]) == "0.02, the largest tried (0/1 failed at each)"
+    assert edge_text(found[1], got[0]) == "below 0.006 (1/8 failed there)"
+
+
+def test_the_edges_table_and_map_json(tmp_path):
+    cells = fp16_like()
+    found = basins(cells)
+    table = edges_table(found).splitlines()
+    assert table[0] == "| seeds | lrs | none | cs | ls |"
+    assert table[3] == (
+        "| 0-4 (5) | 0.006, 0.01 | below 0.006 (1/5 failed there) | 0.006 (2/5 failed at 0.01) |  |"
+    )
+    assert table[2].startswith("| 0-7 (8) | 0.006 |")
+    parts, _ = basin_section(cells, tmp_path)
+    assert "\n".join(table) in parts  # unequal seeds: the report shows every comparison
+    data = json.loads(write_map_json(cells, tmp_path / "map.json", "loss", found).read_text())
+    assert data["edges"] == edges_json(found)
+    five = data["edges"][1]
+    assert five["seeds"] == [0, 1, 2, 3, 4] and five["lrs"] == [6e-3, 1e-2]
+    assert five["methods"]["none"]["largest_stable_lr"] is None
+    assert five["methods"]["cs"]["largest_stable_lr"] == 6e-3
+    assert five["methods"]["cs"]["failed"][1] == {"lr": 1e-2, "failed": 2, "runs": 5}
+
+
+def test_a_comparison_that_a_larger_one_contains_adds_no_table(tmp_path):
+    # seed 0 of `none` and `cs` is the comparison on seeds 0-1 again; `ls` shares no lr with them
+    plan = {(m, lr): {0: False, 1: lr > 1e-2} for m in ("none", "cs") for lr in (1e-2, 2e-2)}
+    cells = cells_of({**plan, ("ls", 4e-2): {0: False}})
+    found = basins(cells)
+    assert comparisons(found) == [Comparison(12, frozenset({0, 1}), ("none", "cs"), (1e-2, 2e-2))]
+    parts, _ = basin_section(cells, tmp_path)
+    assert not any(p.startswith("| seeds | lrs |") for p in parts)
