@@ -16,7 +16,7 @@ endif
 # resolves the paper's 1.5x speed-up) with DPM-Solver++ in 15 steps; bf16 where the CPU computes it,
 # as the demo preset trains (docs/demo-recipe.md).
 DEMO_ARGS := --methods none,cs,ls --steps 1750 --jobs 3 eval.every=1167 eval.num_samples=1000 \
-	eval.sampler=dpm_solver_pp eval.steps=15 eval.mixed_precision=bf16 train.checkpoint_every=875 \
+	eval.sampler=dpm_solver_pp eval.steps=15 eval.mixed_precision=auto train.checkpoint_every=875 \
 	diagnostics.every=50
 
 .PHONY: setup demo test test-all bench lint clean
