@@ -9,6 +9,7 @@ step, with the numbers.
 
 from __future__ import annotations
 
+import itertools
 import math
 import statistics
 from collections.abc import Iterable, Mapping, Sequence
@@ -26,6 +27,7 @@ class DivergenceRule:
     loss_fraction: float = 0.8  # (b) the loss must end below this fraction of the input-free loss
     start_points: int = 3  # (b) runs without loss_input_free: the start is the mean of this many first losses
     smooth: int = 3  # (b) trailing mean over this many logged losses
+    collapse_factor: float = 2.0  # an x0 failure's cause: its smoothed loss stayed past this x its lowest
 
     def describe(self) -> str:
         """The rule in one paragraph, with its thresholds (for reports)."""
@@ -80,8 +82,33 @@ def _nonfinite(records: Records, stopped: Mapping | None) -> Divergence | None:
     return None
 
 
+def loss_collapse(
+    records: Records, rule: DivergenceRule = DEFAULT_RULE
+) -> tuple[int, float, float, float] | None:
+    """Where a run's loss collapsed: the first logged step from which its smoothed loss (trailing
+    mean of ``rule.smooth`` finite logged losses) stayed above ``rule.collapse_factor`` x its lowest
+    before that step, to the end, as (step, lowest before, smoothed loss there, last smoothed loss).
+    None for a run that never trained, or one that recovered: a spike it came back from is a spike,
+    not a collapse."""
+    losses = [(s, v) for s, v in zip(*series(records, names.LOSS), strict=True) if math.isfinite(v)]
+    if len(losses) <= rule.smooth:
+        return None
+    smoothed = _trailing_mean([v for _, v in losses], rule.smooth)
+    after = list(itertools.accumulate(reversed(smoothed), min))[::-1]  # the lowest from each step on
+    lowest = smoothed[0]
+    for i in range(1, len(smoothed)):
+        if after[i] > rule.collapse_factor * lowest:
+            return losses[i][0], lowest, smoothed[i], smoothed[-1]
+        lowest = min(lowest, smoothed[i])
+    return None
+
+
+COLLAPSED = "; the loss collapsed at step "  # how _x0 tells a collapse in its detail, which cause() reads
+
+
 def _x0(records: Records) -> Divergence | None:
-    """(x0): the final held-out x0 error (EMA) not finite or not below the mean image's."""
+    """(x0): the final held-out x0 error (EMA) not finite or not below the mean image's; the detail
+    says where the loss collapsed, if it did (:func:`loss_collapse`)."""
     error, step = heldout_x0_error(records), last_probe_step(records)
     mean_image = next(
         (v for r in reversed(records) if math.isfinite(v := as_float(r.get(names.X0_MEAN_IMAGE)))), math.nan
@@ -91,11 +118,11 @@ def _x0(records: Records) -> Divergence | None:
     if error == math.inf:
         return Divergence("x0", step, "its final held-out x0 error is not finite")
     if math.isfinite(mean_image) and not error < mean_image:
-        return Divergence(
-            "x0",
-            step,
-            f"final held-out x0 error {error:.3g} is not below the mean image's {mean_image:.3g}",
-        )
+        detail = f"final held-out x0 error {error:.3g} is not below the mean image's {mean_image:.3g}"
+        if collapse := loss_collapse(records):
+            at, lowest, value, last = collapse
+            detail += f"{COLLAPSED}{at} (from its lowest {lowest:.3g} to {value:.3g}; it ended at {last:.3g})"
+        return Divergence("x0", step, detail)
     return None
 
 
@@ -185,7 +212,10 @@ def feature_growth(records: Records, warmup_steps: int) -> float:
 def cause(d: Divergence) -> str:
     """A failure's cause as a study counts it: the criterion, and for a run stopped on non-finite
     steps where its last skipped step went non-finite (``fp16 overflow in forward at
-    out_blocks.0.skip_linear``, ``gradient overflow``, ``non-finite output ... at MODULE``)."""
+    out_blocks.0.skip_linear``, ``gradient overflow``, ``non-finite output ... at MODULE``); for an
+    x0 failure whose loss collapsed on the way (:func:`loss_collapse`), ``x0 after a loss collapse``."""
+    if d.criterion == "x0" and COLLAPSED in d.detail:
+        return "x0 after a loss collapse"
     if d.criterion != "nonfinite" or "; the last: " not in d.detail:
         return d.criterion
     return "nonfinite: " + skip_cause(d.detail.split("; the last: ", 1)[1])

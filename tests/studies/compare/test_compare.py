@@ -9,7 +9,15 @@ from conftest import learning_uvit_overrides, tiny_uvit_overrides
 from scalelong.cli import main
 from scalelong.errors import ScaleLongError
 from scalelong.studies.compare import run_comparison, steps_to_target, summarise, summary_table
-from scalelong.studies.divergence import Divergence, DivergenceRule, criteria, divergence, feature_growth
+from scalelong.studies.divergence import (
+    Divergence,
+    DivergenceRule,
+    cause,
+    criteria,
+    divergence,
+    feature_growth,
+    loss_collapse,
+)
 from scalelong.studies.running import parse_methods, run_all
 from scalelong.studies.statistics import mean_ci
 from scalelong.studies.summary import StudyRun
@@ -243,6 +251,25 @@ def test_a_run_that_logged_a_held_out_error_is_judged_by_it_not_by_its_loss():
     assert [d.detail for d in divergence(nan_out)] == ["its final held-out x0 error is not finite"]
     # the untrained model's probe at step 0 is no final error: the loss judges
     assert divergence([x0_probe({"step": 0}, 0.9), *fell]) == []
+
+
+def test_an_x0_failure_says_whether_its_loss_collapsed_or_never_fell():
+    """merge-norm seed 3 at 6e-3 in fp16: trained to 0.23, rose to 0.75 at step 350 and stayed; seed 1
+    at 2e-2 never left 0.6-0.9. Both end worse than the mean image; only the first is a collapse. A
+    spike the run came back from is no collapse."""
+    collapsed = log([1.1, 0.5, 0.3, 0.24, 0.22, 0.23, 0.9, 0.8, 0.75, 0.7, 0.72, 0.7], every=50)
+    (found,) = divergence([*collapsed[:-1], x0_probe(collapsed[-1], 0.28, mean_image=0.2)])
+    assert found.detail == (
+        "final held-out x0 error 0.28 is not below the mean image's 0.2; the loss collapsed at step 400 "
+        "(from its lowest 0.23 to 0.643; it ended at 0.707)"
+    )
+    assert cause(found) == "x0 after a loss collapse"
+    assert loss_collapse(collapsed)[:2] == (400, pytest.approx(0.23))
+    plateau = log([2.0, 0.6, 0.8, 0.9, 0.85, 0.6, 0.8, 0.6, 0.65, 0.8], every=50)
+    (found,) = divergence([*plateau[:-1], x0_probe(plateau[-1], 0.27, mean_image=0.2)])
+    assert cause(found) == "x0" and loss_collapse(plateau) is None
+    spike = log([1.0, 0.4, 0.3, 0.25, 1.2, 1.1, 0.5, 0.3, 0.26, 0.25], every=50)  # up 4x, then back
+    assert loss_collapse(spike) is None
 
 
 def with_input_free(records, free):

@@ -137,7 +137,9 @@ def fig1_table(cells: Sequence[CellSummary]) -> str:
 
 # How to read a cause of the failures-by-cause tables.
 CAUSES_READ = (
-    "Each failed run once, by its first criterion: `x0` (it ended no better than the mean image), "
+    "Each failed run once, by its first criterion: `x0` (it ended no better than the mean image; `x0 "
+    "after a loss collapse`: on the way its smoothed loss rose past 2x its lowest and stayed there to "
+    "the end, a spike it did not recover from), "
     "`loss` (runs without a held-out error), `nonfinite` with where its last skipped step went "
     "non-finite (`fp16 overflow in forward at MODULE`, a gradient overflow, or a non-finite output "
     "fp32 shows too)."
