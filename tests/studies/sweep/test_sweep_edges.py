@@ -2,23 +2,42 @@
 each method's edge within one, the report's table and map.json, on records written by hand."""
 
 import json
+import math
+import statistics
+
+import pytest
 
 from scalelong.studies.divergence import Divergence
 from scalelong.studies.summary import Cell, CellSummary, SeedSummary
 from scalelong.studies.sweep.basin import basin_section, basins
-from scalelong.studies.sweep.edges import Comparison, comparisons, edge_text, edges_json, edges_table
+from scalelong.studies.sweep.edges import (
+    Comparison,
+    comparison_sensitivity,
+    comparisons,
+    edge_text,
+    edges_json,
+    edges_table,
+    sensitivity_table,
+)
 from scalelong.studies.sweep.mapfile import write_map_json
 
+T4 = 2.7764451051977987  # t(0.975, 4): five seeds
 BROKE = (Divergence("nonfinite", 50, "stopped on non-finite steps in a row"),)
 
 
 def cells_of(plan: dict[tuple[str, float], dict[int, bool]]) -> list[CellSummary]:
-    """Depth 12 cells from {(method, lr): {seed: failed}}."""
+    """Depth 12 cells from {(method, lr): {seed: failed}}: held-out error 0.2, untrained 1.0."""
     return [
         CellSummary(
             Cell(12, lr, method),
             [
-                SeedSummary(s, x0_error=0.2, x0_error_start=1.0, x0_mean_image=0.8, breaks=BROKE if f else ())
+                SeedSummary(
+                    s,
+                    x0_error=math.inf if f else 0.2,  # a failed run counts at the cap, 1.0
+                    x0_error_start=1.0,
+                    x0_mean_image=0.8,
+                    breaks=BROKE if f else (),
+                )
                 for s, f in runs.items()
             ],
         )
@@ -61,6 +80,24 @@ def test_each_set_of_seeds_gives_the_largest_comparison_it_supports():
     assert edge_text(found[1], got[1]) == "0.006 (2/5 failed at 0.01)"
     assert edge_text(found[2], got[2]) == "0.02, the largest tried (0/1 failed at each)"
     assert edge_text(found[1], got[0]) == "below 0.006 (1/8 failed there)"
+
+
+def test_the_lr_sensitivity_of_a_comparison_reads_its_own_lrs_on_every_seed_of_it():
+    found = basins(fp16_like())
+    five = comparisons(found)[1]  # seeds 0-4 at 6e-3 and 1e-2; the depth's grid adds 2e-2
+    assert found[0].seed_sensitivity() == {0: pytest.approx(0.8 / 3)}  # seed 0 alone ran the grid
+    # a failed run counts at the cap 1.0: LRS_s = mean(1.0, 0.2) - 0.2 = 0.4 where one lr failed
+    none = comparison_sensitivity(found[0], five)
+    assert none == {0: 0.0, 1: pytest.approx(0.4), 2: pytest.approx(0.4), 3: 0.0, 4: 0.0}
+    cs = comparison_sensitivity(found[1], five)
+    assert cs == {0: 0.0, 1: 0.0, 2: pytest.approx(0.4), 3: pytest.approx(0.4), 4: 0.0}
+    half = T4 * statistics.stdev([0, 0.4, 0.4, 0, 0]) / math.sqrt(5)
+    diff_half = T4 * statistics.stdev([0, -0.4, 0, 0.4, 0]) / math.sqrt(5)
+    row = sensitivity_table(found).splitlines()[2]
+    assert row == (
+        f"| 0-4 (5) | 0.006, 0.01 | 0.16 ± {half:.2g} (5) | 0.16 ± {half:.2g} (5); - none +0 "
+        f"({-diff_half:+.2g} to {diff_half:+.2g}) |  |"
+    )
 
 
 def test_the_edges_table_and_map_json(tmp_path):

@@ -22,7 +22,8 @@ Whether a run failed is the study's one rule (:mod:`scalelong.studies.divergence
 stable lr** is read only from the seeds that every method of the depth ran at an lr (the shared
 seeds): an lr where the methods ran different seeds is decided on the seeds they share, and one
 that some method did not run decides nothing, so that no edge comes from a seed count. Where methods
-ran unequal seeds, :mod:`.edges` reads an edge on every set of seeds that some methods share.
+ran unequal seeds, :mod:`.edges` reads an edge, and the LR sensitivity over its own lrs, on every set
+of seeds that some methods share.
 
 Nothing here assumes a backbone: a cell's depth is None for a network without one.
 """
@@ -39,7 +40,14 @@ from scalelong.skips import method_order
 from scalelong.studies.plots import BasinPoint, plot_basin
 from scalelong.studies.statistics import Contrast, contrast, fmt_ci, fmt_contrast, mean_ci
 from scalelong.studies.summary import CellSummary
-from scalelong.studies.sweep.edges import EDGES_NOTE, comparisons, edges_table, largest_stable_lr
+from scalelong.studies.sweep.edges import (
+    EDGES_NOTE,
+    SENSITIVITY_NOTE,
+    comparisons,
+    edges_table,
+    largest_stable_lr,
+    sensitivity_table,
+)
 
 WEIGHTS = {"ema": "EMA weights", "raw": "trained weights"}  # whose error: x0_error, x0_error_raw
 _ERROR = {"ema": "x0_error", "raw": "x0_error_raw"}
@@ -413,6 +421,8 @@ def basin_section(
             parts.append(note)
         if len(comparisons(mine)) > 1:  # unequal seeds: the edge of each comparison they support
             parts += [EDGES_NOTE, edges_table(mine)]
+            if table := sensitivity_table(mine):
+                parts += [SENSITIVITY_NOTE, table]
     return parts, found
 
 

@@ -14,6 +14,13 @@ all of M). Within it every method's edge rests on the same seeds and lrs, so the
 (:func:`largest_stable_lr`), ``below min(L)`` where the smallest
 failed. A comparison that a larger one contains (more seeds, methods and lrs, none fewer) adds
 nothing and is left out.
+
+The **LR sensitivity** of Wortsman et al. needs every seed at every lr of its grid, and the basin
+table's grid is every lr any method trained, so one method run at a further lr, or on one seed
+only, leaves the others one seed or none. Within a comparison of two lrs or more the grid is L and
+every seed of S ran it: per seed s of S, LRS_s = mean over L of v_s(lr) - min over L of v_s(lr)
+(:func:`~scalelong.studies.sweep.basin.lr_sensitivity` of the capped errors), reported as the mean
+over S with its 95% t-interval and its difference to ``none``'s, paired by seed.
 """
 
 from __future__ import annotations
@@ -22,6 +29,8 @@ import itertools
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
+
+from scalelong.studies.statistics import contrast, fmt_ci, fmt_contrast
 
 if TYPE_CHECKING:  # basin.py reads its edges from here
     from scalelong.studies.sweep.basin import Basin
@@ -108,6 +117,19 @@ def edge_text(basin: Basin, comparison: Comparison) -> str:
     return f"{top:g} ({counts[above[0]][0]}/{n} failed at {above[0]:g})"
 
 
+def comparison_sensitivity(basin: Basin, comparison: Comparison, weights: str = "ema") -> dict[int, float]:
+    """Per seed of the comparison with a capped value at each of its lrs: its LR sensitivity over
+    the comparison's lrs (Wortsman et al.; the grid is the comparison's, not the depth's)."""
+    from scalelong.studies.sweep.basin import lr_sensitivity  # basin.py imports this module
+
+    values = basin.seed_values(weights)
+    return {
+        s: lr_sensitivity([values[s][lr] for lr in comparison.lrs])
+        for s in sorted(comparison.seeds)
+        if all(lr in values.get(s, {}) for lr in comparison.lrs)
+    }
+
+
 def _seed_list(seeds: frozenset) -> str:
     """``0``, ``0-4``, ``0, 2, 5``: consecutive runs joined by a dash."""
     ordered = sorted(seeds)
@@ -137,6 +159,46 @@ def edges_table(found: Sequence[Basin]) -> str:
     return "\n".join(lines)
 
 
+def sensitivity_table(found: Sequence[Basin], weights: str = "ema") -> str:
+    """Per comparison of two lrs or more: each method's LR sensitivity over the comparison's lrs
+    (mean ± 95% t-interval over its seeds, :func:`comparison_sensitivity`) and, after the first
+    method's (``none`` where it ran), its paired difference to it. Empty without such a comparison."""
+    rows = [c for c in comparisons(found) if len(c.lrs) > 1]
+    if not rows:
+        return ""
+    by_method = {b.method: b for b in found}
+    methods = [b.method for b in found]
+    head = ["seeds", "lrs", *methods]
+    lines = ["| " + " | ".join(head) + " |", "|---" * len(head) + "|"]
+    for c in rows:
+        per = {m: comparison_sensitivity(by_method[m], c, weights) for m in c.methods}
+        base = c.methods[0]
+        row = [f"{_seed_list(c.seeds)} ({len(c.seeds)})", ", ".join(f"{lr:g}" for lr in c.lrs)]
+        for m in methods:
+            if m not in per:
+                row.append("")
+                continue
+            text = f"{fmt_ci(list(per[m].values()))} ({len(per[m])})" if per[m] else "n/a"
+            if m != base and per[m] and per[base]:
+                diff = contrast(
+                    list(per[m].values()), list(per[base].values()), list(per[m]), list(per[base])
+                )
+                text += f"; - {base} {fmt_contrast(diff)}"
+            row.append(text)
+        lines.append("| " + " | ".join(row) + " |")
+    return "\n".join(lines)
+
+
+SENSITIVITY_NOTE = (
+    "**The LR sensitivity on each set of equal seeds.** The same rows, where they span two lrs or "
+    "more: per method the LR sensitivity over the row's lrs alone (Wortsman et al.'s formula above "
+    "with G the row's lrs; every seed of the row ran them all), mean ± the half-width of a 95% "
+    "t-interval over the seeds (their number), then its difference to the first method's, paired by "
+    "seed (95% interval). Lower is a flatter basin; values compare within a row only, as the grid "
+    "differs between rows."
+)
+
+
 EDGES_NOTE = (
     "**The edge on each set of equal seeds.** Where methods ran unequal seeds, each row is one "
     "comparison the runs support: seeds S (their number in brackets), the lrs at which every method "
@@ -160,5 +222,8 @@ def edges_json(found: Sequence[Basin]) -> list[dict]:
                 "largest_stable_lr": largest_stable_lr(counts),
                 "failed": [{"lr": lr, "failed": k, "runs": n} for lr, (k, n) in counts.items()],
             }
+            if len(c.lrs) > 1:
+                per = comparison_sensitivity(by_method[m], c)
+                rows[m]["lr_sensitivity"] = {"seed": list(per), "per_seed": list(per.values())}
         out.append({"depth": c.depth, "seeds": sorted(c.seeds), "lrs": list(c.lrs), "methods": rows})
     return out
