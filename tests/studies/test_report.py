@@ -130,6 +130,24 @@ def test_markdown_html_keeps_single_images_as_figures(tmp_path):
     assert "<figcaption>a caption</figcaption>" in page
 
 
+def test_markdown_html_keeps_code_blocks_line_by_line(tmp_path):
+    """The commands that made a study's runs, indented or fenced, stay one per line, escaped, and an
+    indented line that continues a paragraph or a list item stays text."""
+    md = (
+        "The commands (runs each):\n\n"
+        "    scalelong sweep a --lrs 1e-2  # 4\n    scalelong sweep b <x>  # 2\n\n"
+        "```bash\nscalelong train demo\n\nmake test\n```\n"
+        "A paragraph\n    that goes on.\n\n- an item\n    continued\n"
+    )
+    page = markdown_html(md, tmp_path, "T")
+    blocks = re.findall(r"<pre><code>(.*?)</code></pre>", page, re.S)
+    assert blocks == [
+        "scalelong sweep a --lrs 1e-2  # 4\nscalelong sweep b &lt;x&gt;  # 2",
+        "scalelong train demo\n\nmake test",
+    ]
+    assert "<p>A paragraph that goes on.</p>" in page
+
+
 # ----------------------------------------------------------------------------- in a browser
 
 CHECK = """<script>

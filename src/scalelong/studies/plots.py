@@ -226,7 +226,7 @@ def plot_stability_map(
     metric: str = "",
 ) -> Path:
     """A heatmap of ``values[row][col]`` (rows: methods, columns: learning rates; NaN: grey),
-    each cell with its value and ``notes`` written in it; ``marked`` cells (diverged) hatched."""
+    each cell with its value and ``notes`` written in it; ``marked`` cells (a seed failed) hatched."""
     from matplotlib import colormaps
     from matplotlib.colors import LogNorm
     from matplotlib.patches import Rectangle
@@ -359,7 +359,7 @@ class BasinPoint:
 
 _BASIN_MARKERS = {  # kind -> (marker, size, legend entry); ok points carry no legend entry
     "ok": ("o", 16, ""),
-    "diverged": ("x", 42, "diverged: drawn at the cap"),
+    "diverged": ("x", 42, "failed: drawn at the cap"),
     "capped": ("v", 30, "worse than untrained: at the cap"),
 }
 

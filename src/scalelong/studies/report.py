@@ -44,17 +44,21 @@ STYLE = (
     "td,th{border:1px solid #ccc;padding:4px 8px}table{border-collapse:collapse}"
     ".table{overflow-x:auto}img{max-width:100%}figure{margin:12px 0}"
     "figcaption{font-size:90%;color:#444}.gallery{display:flex;flex-wrap:wrap;gap:8px 12px}"
-    ".gallery figure{margin:0}"
+    ".gallery figure{margin:0}pre{background:#f6f6f6;padding:8px;overflow-x:auto}"
 )
 
 
 def markdown_html(md: str, folder: Path, title: str) -> str:
     """A self-contained HTML page of a report's markdown: headings, paragraphs, lists, tables,
-    and its images (``![caption](file.png)`` in ``folder``) embedded, with the alt text as caption.
-    A line of several images is a gallery: side by side, wrapping at the page width."""
-    out, para, items, rows = [], [], [], []
+    code blocks (fenced, or indented four spaces after a blank line), and its images
+    (``![caption](file.png)`` in ``folder``) embedded, with the alt text as caption. A line of several
+    images is a gallery: side by side, wrapping at the page width."""
+    out, para, items, rows, code = [], [], [], [], []
+    fenced = False
 
     def flush() -> None:
+        if code:
+            out.append(f"<pre><code>{html.escape(chr(10).join(code))}</code></pre>")
         if para:
             out.append(f"<p>{_inline(' '.join(para))}</p>")
         if items:
@@ -65,9 +69,18 @@ def markdown_html(md: str, folder: Path, title: str) -> str:
                 "<tr>" + "".join(f"<td>{_inline(c)}</td>" for c in _cells(r)) + "</tr>" for r in rows[2:]
             )
             out.append(f"<div class='table'><table><tr>{head}</tr>{body}</table></div>")
-        para.clear(), items.clear(), rows.clear()
+        para.clear(), items.clear(), rows.clear(), code.clear()
 
     for line in md.splitlines():
+        if line.startswith("```"):
+            flush()
+            fenced = not fenced
+            continue
+        if fenced or (line.startswith("    ") and not para and not items and (code or not rows)):
+            code.append(line if fenced else line[4:])
+            continue
+        if code and line.strip():
+            flush()
         heading = re.match(r"^(#{1,4}) (.*)", line)
         image = _IMAGE_LINE.match(line.strip())
         kind = "row" if line.startswith("|") else "item" if line.startswith("- ") else "text"

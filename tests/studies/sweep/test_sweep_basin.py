@@ -264,7 +264,7 @@ def test_the_figure_has_one_panel_per_depth_and_one_line_per_method():
         "none",
         "cs",
         "untrained model (the cap)",
-        "diverged: drawn at the cap",
+        "failed: drawn at the cap",
         "worse than untrained: at the cap",
     ]
     # with the trained weights: a second row of panels, one per depth again

@@ -33,7 +33,7 @@ def draw_map(cells: Sequence[CellSummary], path: Path, title: str, metric: str) 
         values.append([mean_ci(c.final)[0] if c else math.nan for c in row])
         notes.append(
             [
-                "" if c is None else f"{c.diverged}/{c.count} diverged" if c.diverged else f"n={c.count}"
+                "" if c is None else f"{c.diverged}/{c.count} failed" if c.diverged else f"n={c.count}"
                 for c in row
             ]
         )
