@@ -95,7 +95,7 @@ def test_the_lr_sensitivity_of_a_comparison_reads_its_own_lrs_on_every_seed_of_i
     diff_half = T4 * statistics.stdev([0, -0.4, 0, 0.4, 0]) / math.sqrt(5)
     row = sensitivity_table(found).splitlines()[2]
     assert row == (
-        f"| 0-4 (5) | 0.006, 0.01 | 0.16 ± {half:.2g} (5) | 0.16 ± {half:.2g} (5); - none +0 "
+        f"| 0-4 (5) | 0.006, 0.01 | 0.16 ± {half:.2g} (5) | 0.16 ± {half:.2g} (5); vs none +0 "
         f"({-diff_half:+.2g} to {diff_half:+.2g}) |  |"
     )
 

@@ -183,7 +183,7 @@ def sensitivity_table(found: Sequence[Basin], weights: str = "ema") -> str:
                 diff = contrast(
                     list(per[m].values()), list(per[base].values()), list(per[m]), list(per[base])
                 )
-                text += f"; - {base} {fmt_contrast(diff)}"
+                text += f"; vs {base} {fmt_contrast(diff)}"
             row.append(text)
         lines.append("| " + " | ".join(row) + " |")
     return "\n".join(lines)
@@ -193,9 +193,9 @@ SENSITIVITY_NOTE = (
     "**The LR sensitivity on each set of equal seeds.** The same rows, where they span two lrs or "
     "more: per method the LR sensitivity over the row's lrs alone (Wortsman et al.'s formula above "
     "with G the row's lrs; every seed of the row ran them all), mean ± the half-width of a 95% "
-    "t-interval over the seeds (their number), then its difference to the first method's, paired by "
-    "seed (95% interval). Lower is a flatter basin; values compare within a row only, as the grid "
-    "differs between rows."
+    "t-interval over the seeds (their number), then its difference to the first method's (`vs "
+    "none`), paired by seed (95% interval). Lower is a flatter basin; values compare within a row "
+    "only, as the grid differs between rows."
 )
 
 
