@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import re
+import statistics
 import sys
 from functools import cache
 
@@ -300,6 +301,54 @@ def test_the_fp16_basin_as_quoted():
     assert precisions == {"fp16"}
     assert_quoted("docs/studies.md", fp16_sentence())
     assert_quoted("docs/studies.md", fp16_readme_sentence())
+
+
+def fp16_magnitude_sentence(lr: float = 0.006) -> str:
+    """Where the values fp16 overflows on sit, at one lr, from runs.json's peaks (the methods that ran
+    five or more seeds there): the skips' inputs against the decoder stream."""
+    runs = json.loads((RESULTS / "lr-basin-fp16" / "runs.json").read_text())
+    cells = {c["method"]: c["runs"] for c in runs["cells"] if c["lr"] == lr and len(c["runs"]) >= 5}
+    methods = sorted(cells, key=method_order)
+
+    def median(method: str, pick) -> float:
+        return statistics.median(pick(r["peak_absmax"]) for r in cells[method])
+
+    def skips(p):
+        return max(v for k, v in p.items() if k.startswith("in_blocks."))
+
+    def last(p):
+        return p[max((k for k in p if k.startswith("out_blocks.")), key=lambda k: int(k.split(".")[1]))]
+
+    def num(x: float) -> str:  # two significant digits, thousands separated: 19,000
+        return f"{float(f'{x:.2g}'):,.0f}" if x >= 10 else f"{x:.2g}"
+
+    grown = [m for m in methods if median(m, lambda p: last(p) / p["mid_block"]) > 1]
+    shrunk = [m for m in methods if m not in grown]
+    text = (
+        f"at {lr:g} the skips' inputs peaked at a median of "
+        + _and([f"{num(median(m, skips))} (`{m}`, {len(cells[m])} seeds)" for m in methods])
+        + ", while from the middle block to the last out-block the decoder stream grew by a median "
+        + _and([f"{num(median(m, lambda p: last(p) / p['mid_block']))}x (`{m}`)" for m in grown])
+        + ", to "
+        + _and([num(median(m, last)) for m in grown])
+        + " against fp16's 65,504"
+    )
+    if shrunk:
+        text += (
+            "; after a LayerNorm at each merge it shrank ("
+            + _and(
+                [
+                    f"`{m}` {num(median(m, lambda p: last(p) / p['mid_block']))}x, to {num(median(m, last))}"
+                    for m in shrunk
+                ]
+            )
+            + ")"
+        )
+    return text
+
+
+def test_where_the_fp16_values_sit_as_quoted():
+    assert_quoted("docs/studies.md", fp16_magnitude_sentence())
 
 
 CAUSE_WORDS = {

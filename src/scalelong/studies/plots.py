@@ -524,6 +524,51 @@ def plot_out_block_norms(runs_by_method: Mapping[str, Sequence[Records]], path: 
     return _save(out_block_norm_figure(runs_by_method, **kwargs), path)
 
 
+def magnitude_figure(
+    profiles: Mapping[str, tuple[Sequence[str], Sequence[float], Sequence[float], Sequence[float]]],
+    limit: float | None = None,
+    title: str = "",
+):
+    """How large the values get along the network, as a matplotlib Figure: per method (one line
+    each) the peak |value| of every block's output over the run against the block, in forward order
+    (``profiles[method]``: blocks, median over seeds, least, largest:
+    :func:`scalelong.studies.magnitude.median_profile`), the seeds' spread as a band, on a log axis;
+    ``limit`` (fp16's 65,504) as a dashed line. Non-finite peaks are left out of a line."""
+    blocks = list(max(profiles.values(), key=lambda p: len(p[0]))[0]) if profiles else []
+    fig, axes = _figure(size=(max(6.0, 0.55 * len(blocks) + 2), 4.2))
+    ax = axes[0][0]
+    for method, (names_, mid, lo, hi) in profiles.items():
+        x = [blocks.index(b) for b in names_ if b in blocks]
+        keep = [i for i, v in enumerate(mid) if math.isfinite(v) and v > 0]
+        (line,) = ax.plot([x[i] for i in keep], [mid[i] for i in keep], marker="o", ms=3, label=method)
+        band = [i for i in keep if math.isfinite(lo[i]) and math.isfinite(hi[i])]
+        ax.fill_between(
+            [x[i] for i in band],
+            [lo[i] for i in band],
+            [hi[i] for i in band],
+            color=line.get_color(),
+            alpha=0.15,
+        )
+    if limit is not None:
+        ax.axhline(limit, color="black", ls="--", lw=1, label=f"fp16's largest value, {limit:,.0f}")
+    ax.set_yscale("log")
+    decoder = [b for b in blocks if _DECODER.match(b)]
+    labels = [_block_label(b, len(decoder)) if b in decoder else b for b in blocks]
+    ax.set_xticks(range(len(blocks)), labels, rotation=60, ha="right", fontsize=8)
+    ax.set_ylabel("peak |value| of the block's output")
+    ax.grid(alpha=0.3)
+    if ax.lines:
+        ax.legend(fontsize=7)
+    if title:
+        ax.set_title(title, fontsize=10)
+    return fig
+
+
+def plot_magnitude(profiles, path: str | Path, **kwargs) -> Path:
+    """:func:`magnitude_figure` saved as a PNG at ``path``."""
+    return _save(magnitude_figure(profiles, **kwargs), path)
+
+
 def write_plots(
     records_by_method: Mapping[str, Records], out_dir: str | Path, fd_key: str = names.FD
 ) -> list[Path]:

@@ -4,8 +4,9 @@
 the provenance its summary.json records (commit, torch, the precision it really ran in, the device;
 :mod:`scalelong.runlog.provenance`), its verdict by the failure rule and its time series as numbers (loss,
 lr, hidden-feature norm and fp16 headroom at every logged step, the held-out x0 error at every
-probe). So a reader can recompute any table of the report, check a number quoted from it, and see
-which commit and precision each cell rests on (:func:`cell_provenance`).
+probe), and the largest |value| each block's output reached (``peak_absmax``). So a reader can
+recompute any table of the report, check a number quoted from it, and see which commit and
+precision each cell rests on (:func:`cell_provenance`).
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from pathlib import Path
 from scalelong.diagnostics import metric_names as names
 from scalelong.runlog.records import series, write_text_atomic
 from scalelong.studies.heldout import heldout_x0_series
+from scalelong.studies.magnitude import peak_absmax
 from scalelong.studies.summary import Cell, StudyRun
 from scalelong.training.config import config_to_dict, read_yaml
 from scalelong.training.runs import config_differences
@@ -53,6 +55,8 @@ def run_json(run: StudyRun, base: dict) -> dict:
     if steps:
         data["heldout_x0_error"] = {"step": steps, "value": [_number(v) for v in values]}
     entry["series"] = data
+    if peaks := peak_absmax(run.records):  # where fp16 would overflow: scalelong.studies.magnitude
+        entry["peak_absmax"] = {block: _number(v) for block, v in peaks.items()}
     return entry
 
 

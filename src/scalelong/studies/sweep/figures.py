@@ -1,24 +1,30 @@
 """The figures of a sweep's report: one stability heatmap per depth, and the paper's Fig. 1 by
-depth at one learning rate (with the out-blocks' norms, to locate a blow-up)."""
+depth at one learning rate (with the out-blocks' norms, to locate a blow-up, and the peak |value|
+along the network, to see what fp16 would overflow at)."""
 
 from __future__ import annotations
 
 import math
+import statistics
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from scalelong.diagnostics import metric_names as names
+from scalelong.diagnostics.overflow import FP16_MAX
 from scalelong.errors import ScaleLongError
 from scalelong.skips import method_order
+from scalelong.studies.magnitude import decoder_growth, median_profile, peak_absmax, reached
 from scalelong.studies.plots import (
     decoder_blocks,
     plot_fig1_by_depth,
+    plot_magnitude,
     plot_out_block_norms,
     plot_stability_map,
     series,
 )
 from scalelong.studies.statistics import mean_ci
-from scalelong.studies.summary import Cell, CellSummary, StudyRun, summarise_cells
+from scalelong.studies.summary import Cell, CellSummary, StudyRun, summarise_cells, summarise_run
+from scalelong.studies.sweep.beside import overflowed
 from scalelong.studies.sweep.tables import fig1_table
 
 
@@ -111,4 +117,58 @@ def fig1_section(
             "skip) to the last (bright, merging skip 1, next to the output).",
             *views,
         ]
-    return parts
+    return parts + magnitude_parts(chosen, lr, sweep_dir)
+
+
+def _median(values: Sequence[float]) -> str:
+    finite = [v for v in values if math.isfinite(v)]
+    return f"{statistics.median(finite):.3g}" if finite else "n/a"
+
+
+def magnitude_parts(
+    chosen: Mapping[tuple[int | None, str], Sequence[StudyRun]], lr: float, sweep_dir: Path
+) -> list[str]:
+    """Per depth at ``lr``: the peak |value| of every block's output along the network, one line per
+    method (:func:`scalelong.studies.plots.magnitude_figure`), and a table of where it is largest:
+    the skips' inputs, the middle block, the last decoder block, the growth from the middle to the
+    last, and how many seeds reached fp16's 65,504 (or overflowed). Nothing where the runs logged
+    no block absmax."""
+    figures, rows = [], []
+    for depth in sorted({d for d, _ in chosen}, key=lambda d: d or 0):
+        runs = {m: rs for (d, m), rs in chosen.items() if d == depth}
+        mine = {m: [r.records for r in rs] for m, rs in runs.items()}
+        profiles = {m: median_profile(recs) for m, recs in mine.items()}
+        profiles = {m: p for m, p in profiles.items() if p[0]}
+        if not profiles:
+            continue
+        label = "all cells" if depth is None else f"depth {depth}"
+        name = "magnitude.png" if depth is None else f"magnitude_d{depth}.png"
+        png = plot_magnitude(profiles, sweep_dir / name, limit=FP16_MAX, title=f"{label}, lr {lr:g}")
+        figures.append(f"![peak |value| along the network, {label}, lr {lr:g}]({png.name})")
+        for method, recs in mine.items():
+            grown = [g for r in recs if (g := decoder_growth(peak_absmax(r)))]
+            if not grown:
+                continue
+            past = sum(reached(r.records, FP16_MAX) or overflowed(summarise_run(r)) for r in runs[method])
+            rows.append(
+                f"| {'' if depth is None else depth} | {method} | {len(recs)} | "
+                f"{_median([g[0] for g in grown])} | {_median([g[1] for g in grown])} | "
+                f"{_median([g[2] for g in grown])} | {_median([g[2] / g[1] for g in grown])}x | "
+                f"{past}/{len(recs)} |"
+            )
+    if not figures:
+        return []
+    return [
+        "### How large the values get: the peak |value| along the network",
+        f"At lr {lr:g}, the largest |value| each block's output reached over the run (at the logged "
+        "steps), median over the seeds with their spread as a band, the blocks in forward order: the "
+        "encoder blocks' outputs are the long skips' inputs; each decoder block merges a skip into the "
+        "decoder stream. fp16 overflows where a value passes 65,504 (dashed). The table: the median "
+        "over seeds of the largest encoder peak (the skips' inputs), the middle block's, the last "
+        "decoder block's (each seed's largest finite value), and of each seed's growth from the middle "
+        "to the last; the seeds whose values reached 65,504 at a logged step or whose fp16 forward "
+        "overflowed (the trainer's record of the steps it skipped).",
+        *figures,
+        "| depth | method | seeds | skips' inputs | middle block | last decoder block "
+        "| growth middle to last | reached 65,504 or overflowed |\n" + "|---" * 8 + "|\n" + "\n".join(rows),
+    ]
