@@ -303,10 +303,10 @@ def test_the_fp16_basin_as_quoted():
     assert_quoted("docs/studies.md", fp16_readme_sentence())
 
 
-def fp16_magnitude_sentence(lr: float = 0.006) -> str:
-    """Where the values fp16 overflows on sit, at one lr, from runs.json's peaks (the methods that ran
-    five or more seeds there): the skips' inputs against the decoder stream."""
-    runs = json.loads((RESULTS / "lr-basin-fp16" / "runs.json").read_text())
+def fp16_magnitude_sentence(lr: float = 0.006, name: str = "lr-basin-fp16") -> str:
+    """Where the values fp16 overflows on sit, at one lr of a study, from its runs.json's peaks (the
+    methods that ran five or more seeds there): the skips' inputs against the decoder stream."""
+    runs = json.loads((RESULTS / name / "runs.json").read_text())
     cells = {c["method"]: c["runs"] for c in runs["cells"] if c["lr"] == lr and len(c["runs"]) >= 5}
     methods = sorted(cells, key=method_order)
 
@@ -349,6 +349,7 @@ def fp16_magnitude_sentence(lr: float = 0.006) -> str:
 
 def test_where_the_fp16_values_sit_as_quoted():
     assert_quoted("docs/studies.md", fp16_magnitude_sentence())
+    assert_quoted("docs/studies.md", fp16_magnitude_sentence(0.02, "lr-basin-paired"))
 
 
 CAUSE_WORDS = {
