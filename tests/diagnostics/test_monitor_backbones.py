@@ -287,10 +287,17 @@ def test_an_own_loop_folder_is_analyzed_like_a_trained_run(tmp_path, capsys):
     assert main(["analyze", str(folder)]) == 0
     out, err = capsys.readouterr()
     names = sorted(p.name for p in (folder / "report").iterdir())
-    assert names == ["coefficients_my-unet.png", "feature_norm.png", "grad_oscillation.png", "loss.png"]
+    assert names == [
+        "coefficients_my-unet.png",
+        "feature_norm.png",
+        "grad_oscillation.png",
+        "loss.png",
+        "magnitude.png",
+    ]
     assert (folder / "report" / "feature_norm.png").read_bytes()[:4] == b"\x89PNG" and err == ""
     assert out.split() == [str(folder / "report" / n) for n in ["loss.png", "feature_norm.png"]] + [
-        str(folder / "report" / n) for n in ["grad_oscillation.png", "coefficients_my-unet.png"]
+        str(folder / "report" / n)
+        for n in ["grad_oscillation.png", "magnitude.png", "coefficients_my-unet.png"]
     ]
 
 

@@ -45,6 +45,18 @@ def test_plots_are_written_as_png(tmp_path):
         assert p.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and p.stat().st_size > 5000
 
 
+def test_the_peak_value_along_the_network_is_drawn_where_the_blocks_logged_it(tmp_path):
+    runs = {"none": synthetic("none", 1.0, False), "cs": synthetic("cs", 0.5, False)}
+    for r in runs["none"]:  # cs logged no block: it has no line, and does not stop the figure
+        r |= {
+            "block/in_blocks.0/absmax": 90.0,
+            "block/mid_block/absmax": 80.0,
+            "block/out_blocks.0/absmax": 2e4,
+        }
+    paths = write_plots(runs, tmp_path)
+    assert "magnitude.png" in [p.name for p in paths] and (tmp_path / "magnitude.png").stat().st_size > 5000
+
+
 def test_load_metrics_reads_nonfinite_back(tmp_path):
     log = MetricsLog(tmp_path / "metrics.jsonl")
     log.write({"step": 1, "loss": math.nan, "fd": 3.0})

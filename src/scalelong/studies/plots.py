@@ -19,9 +19,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from scalelong.diagnostics import metric_names as names
+from scalelong.diagnostics.overflow import FP16_MAX
 from scalelong.errors import ScaleLongError
 from scalelong.runlog.records import Records, as_float, load_metrics, series  # re-exported: the readers
 from scalelong.skips import ordinal
+from scalelong.studies.magnitude import median_profile
 
 # ---------------------------------------------------------------------- plots
 
@@ -584,6 +586,9 @@ def write_plots(
         paths.append(plot_grad_oscillation(records_by_method, out_dir / "grad_oscillation.png"))
     if has(fd_key):
         paths.append(plot_fd(records_by_method, out_dir / "fd.png", fd_key))
+    profiles = {m: median_profile([recs]) for m, recs in records_by_method.items()}
+    if profiles := {m: p for m, p in profiles.items() if p[0]}:  # blocks' absmax logged
+        paths.append(plot_magnitude(profiles, out_dir / "magnitude.png", limit=FP16_MAX))
     if any(last_noise_levels(r) for r in records_by_method.values()):
         paths.append(plot_noise_levels(records_by_method, out_dir / "noise_levels.png"))
     for method, records in records_by_method.items():

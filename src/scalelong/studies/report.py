@@ -172,6 +172,10 @@ FIGURE_CAPTIONS = {
     "feature_norm": "**Fig. 1**: norm of the hidden features (mean over blocks) against step, mean over "
     "seeds. A norm that keeps growing, by decades on a log axis, is the instability long-skip scaling "
     "is meant to remove.",
+    "magnitude": "The largest |value| each block's output reached over the run, the blocks in forward "
+    "order (the encoder blocks' outputs are the long skips' inputs; each decoder block merges one), "
+    "against fp16's largest value, 65,504 (dashed): where an fp16 run would overflow, and whether the "
+    "skips or the decoder stream carry the large values.",
     "noise_levels": "Denoising error per noise level at each method's last measurement, on held-out "
     "images: x0 error (left; above the dashed error of the mean image a level is not learnt) and "
     "epsilon error (right).",

@@ -147,7 +147,14 @@ PROJECT_FOLDERS = {
     "tb": ("events.out.tfevents.*",),
     "samples": ("step-*.png",),
     "eval": ("*-step-*-n*.json",),
-    "report": ("loss.png", "feature_norm.png", "grad_oscillation.png", "fd.png", "noise_levels.png")
+    "report": (
+        "loss.png",
+        "feature_norm.png",
+        "grad_oscillation.png",
+        "fd.png",
+        "noise_levels.png",
+        "magnitude.png",
+    )
     + ("coefficients_*.png",),
 }
 SUMMARY_STATUS = ("complete", "stopped", "interrupted", "failed")

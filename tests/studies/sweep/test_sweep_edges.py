@@ -9,16 +9,8 @@ import pytest
 
 from scalelong.studies.divergence import Divergence
 from scalelong.studies.summary import Cell, CellSummary, SeedSummary
-from scalelong.studies.sweep.basin import basin_section, basins
-from scalelong.studies.sweep.edges import (
-    Comparison,
-    comparison_sensitivity,
-    comparisons,
-    edge_text,
-    edges_json,
-    edges_table,
-    sensitivity_table,
-)
+from scalelong.studies.sweep.basin import basin_section, basins, comparison_sensitivity, sensitivity_table
+from scalelong.studies.sweep.edges import Comparison, comparisons, edge_text, edges_json, edges_table
 from scalelong.studies.sweep.mapfile import write_map_json
 
 T4 = 2.7764451051977987  # t(0.975, 4): five seeds
@@ -112,7 +104,7 @@ def test_the_edges_table_and_map_json(tmp_path):
     parts, _ = basin_section(cells, tmp_path)
     assert "\n".join(table) in parts  # unequal seeds: the report shows every comparison
     data = json.loads(write_map_json(cells, tmp_path / "map.json", "loss", found).read_text())
-    assert data["edges"] == edges_json(found)
+    assert data["edges"] == edges_json(found, comparison_sensitivity)
     five = data["edges"][1]
     assert five["seeds"] == [0, 1, 2, 3, 4] and five["lrs"] == [6e-3, 1e-2]
     assert five["methods"]["none"]["largest_stable_lr"] is None

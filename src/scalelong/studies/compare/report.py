@@ -72,7 +72,12 @@ def write_comparison_report(
     if DIGIT_HEADER in table:
         parts.append(digit_legend())
     parts += sample_grid_section(studies, report_dir, base)
-    for name, heading in (("feature_norm", "Fig. 1: hidden-feature norm"), ("noise_levels", "Noise levels")):
+    figures = (
+        ("feature_norm", "Fig. 1: hidden-feature norm"),
+        ("magnitude", "How large the values get along the network"),
+        ("noise_levels", "Noise levels"),
+    )
+    for name, heading in figures:
         if name in by_name:
             parts += [f"## {heading}", FIGURE_CAPTIONS[name], f"![{heading}]({by_name.pop(name).name})"]
     broken = broken_runs(r for rs in studies.values() for r in rs)

@@ -22,8 +22,15 @@ Whether a run failed is the study's one rule (:mod:`scalelong.studies.divergence
 stable lr** is read only from the seeds that every method of the depth ran at an lr (the shared
 seeds): an lr where the methods ran different seeds is decided on the seeds they share, and one
 that some method did not run decides nothing, so that no edge comes from a seed count. Where methods
-ran unequal seeds, :mod:`.edges` reads an edge, and the LR sensitivity over its own lrs, on every set
-of seeds that some methods share.
+ran unequal seeds, :mod:`.edges` reads an edge on every set of seeds that some methods share, and
+:func:`comparison_sensitivity` the LR sensitivity over its own lrs.
+
+The **LR sensitivity** of Wortsman et al. needs every seed at every lr of its grid, and the basin
+table's grid is every lr any method trained, so one method run at a further lr, or on one seed
+only, leaves the others one seed or none. Within a comparison of two lrs or more the grid is L and
+every seed of S ran it: per seed s of S, LRS_s = mean over L of v_s(lr) - min over L of v_s(lr)
+(:func:`~scalelong.studies.sweep.basin.lr_sensitivity` of the capped errors), reported as the mean
+over S with its 95% t-interval and its difference to ``none``'s, paired by seed.
 
 Nothing here assumes a backbone: a cell's depth is None for a network without one.
 """
@@ -42,11 +49,11 @@ from scalelong.studies.statistics import Contrast, contrast, fmt_ci, fmt_contras
 from scalelong.studies.summary import CellSummary
 from scalelong.studies.sweep.edges import (
     EDGES_NOTE,
-    SENSITIVITY_NOTE,
+    Comparison,
     comparisons,
     edges_table,
     largest_stable_lr,
-    sensitivity_table,
+    seed_list,
 )
 
 WEIGHTS = {"ema": "EMA weights", "raw": "trained weights"}  # whose error: x0_error, x0_error_raw
@@ -266,6 +273,60 @@ def basins(cells: Sequence[CellSummary]) -> list[Basin]:
             for b in mine:
                 b.shared = {**b.shared, lr: shared}
     return sorted(found.values(), key=lambda b: (-1 if b.depth is None else b.depth, method_order(b.method)))
+
+
+# ----------------------------------------------------------------------------- on equal seeds
+
+
+def comparison_sensitivity(basin: Basin, comparison: Comparison, weights: str = "ema") -> dict[int, float]:
+    """Per seed of the comparison with a capped value at each of its lrs: its LR sensitivity over
+    the comparison's lrs (Wortsman et al.; the grid is the comparison's, not the depth's)."""
+    values = basin.seed_values(weights)
+    return {
+        s: lr_sensitivity([values[s][lr] for lr in comparison.lrs])
+        for s in sorted(comparison.seeds)
+        if all(lr in values.get(s, {}) for lr in comparison.lrs)
+    }
+
+
+def sensitivity_table(found: Sequence[Basin], weights: str = "ema") -> str:
+    """Per comparison of two lrs or more: each method's LR sensitivity over the comparison's lrs
+    (mean ± 95% t-interval over its seeds, :func:`comparison_sensitivity`) and, after the first
+    method's (``none`` where it ran), its paired difference to it. Empty without such a comparison."""
+    rows = [c for c in comparisons(found) if len(c.lrs) > 1]
+    if not rows:
+        return ""
+    by_method = {b.method: b for b in found}
+    methods = [b.method for b in found]
+    head = ["seeds", "lrs", *methods]
+    lines = ["| " + " | ".join(head) + " |", "|---" * len(head) + "|"]
+    for c in rows:
+        per = {m: comparison_sensitivity(by_method[m], c, weights) for m in c.methods}
+        base = c.methods[0]
+        row = [f"{seed_list(c.seeds)} ({len(c.seeds)})", ", ".join(f"{lr:g}" for lr in c.lrs)]
+        for m in methods:
+            if m not in per:
+                row.append("")
+                continue
+            text = f"{fmt_ci(list(per[m].values()))} ({len(per[m])})" if per[m] else "n/a"
+            if m != base and per[m] and per[base]:
+                diff = contrast(
+                    list(per[m].values()), list(per[base].values()), list(per[m]), list(per[base])
+                )
+                text += f"; vs {base} {fmt_contrast(diff)}"
+            row.append(text)
+        lines.append("| " + " | ".join(row) + " |")
+    return "\n".join(lines)
+
+
+SENSITIVITY_NOTE = (
+    "**The LR sensitivity on each set of equal seeds.** The same rows, where they span two lrs or "
+    "more: per method the LR sensitivity over the row's lrs alone (Wortsman et al.'s formula above "
+    "with G the row's lrs; every seed of the row ran them all), mean ± the half-width of a 95% "
+    "t-interval over the seeds (their number), then its difference to the first method's (`vs "
+    "none`), paired by seed (95% interval). Lower is a flatter basin; values compare within a row "
+    "only, as the grid differs between rows."
+)
 
 
 # ----------------------------------------------------------------------------- the report's section

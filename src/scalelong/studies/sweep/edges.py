@@ -11,29 +11,31 @@ all of M). Within it every method's edge rests on the same seeds and lrs, so the
 
     edge(m) = the largest lr of L at which no seed of S failed, nor at any smaller lr of L
 
-(:func:`largest_stable_lr`), ``below min(L)`` where the smallest
-failed. A comparison that a larger one contains (more seeds, methods and lrs, none fewer) adds
-nothing and is left out.
-
-The **LR sensitivity** of Wortsman et al. needs every seed at every lr of its grid, and the basin
-table's grid is every lr any method trained, so one method run at a further lr, or on one seed
-only, leaves the others one seed or none. Within a comparison of two lrs or more the grid is L and
-every seed of S ran it: per seed s of S, LRS_s = mean over L of v_s(lr) - min over L of v_s(lr)
-(:func:`~scalelong.studies.sweep.basin.lr_sensitivity` of the capped errors), reported as the mean
-over S with its 95% t-interval and its difference to ``none``'s, paired by seed.
+(:func:`largest_stable_lr`), ``below min(L)`` where the smallest failed. A comparison that a
+larger one contains (more seeds, methods and lrs, none fewer) adds nothing and is left out. The LR
+sensitivity over a comparison's lrs is the basin's
+(:func:`~scalelong.studies.sweep.basin.comparison_sensitivity`).
 """
 
 from __future__ import annotations
 
 import itertools
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import Protocol
 
-from scalelong.studies.statistics import contrast, fmt_ci, fmt_contrast
 
-if TYPE_CHECKING:  # basin.py reads its edges from here
-    from scalelong.studies.sweep.basin import Basin
+class MethodRuns(Protocol):
+    """What the edges read of one method's runs at one depth: a
+    :class:`~scalelong.studies.sweep.basin.Basin` (basin.py imports this module)."""
+
+    depth: int | None
+    method: str
+
+    @property
+    def lrs(self) -> list[float]: ...
+
+    def at(self, lr: float) -> list: ...
 
 
 def largest_stable_lr(counts: Mapping[float, tuple[int, int]]) -> float | None:
@@ -67,11 +69,11 @@ class Comparison:
         )
 
 
-def _seeds_at(basin: Basin, lr: float) -> frozenset:
+def _seeds_at(basin: MethodRuns, lr: float) -> frozenset:
     return frozenset(r.seed for r in basin.at(lr) if r.seed is not None)
 
 
-def comparisons(found: Sequence[Basin]) -> list[Comparison]:
+def comparisons(found: Sequence[MethodRuns]) -> list[Comparison]:
     """Every comparison of one depth's basins (``found``, in method order) with at least two
     methods, none contained in another; by number of seeds, then of methods, descending."""
     if not found:
@@ -93,7 +95,7 @@ def comparisons(found: Sequence[Basin]) -> list[Comparison]:
     return sorted(kept, key=lambda c: (-len(c.seeds), -len(c.methods), -len(c.lrs), sorted(c.seeds)))
 
 
-def edge_counts(basin: Basin, comparison: Comparison) -> dict[float, tuple[int, int]]:
+def edge_counts(basin: MethodRuns, comparison: Comparison) -> dict[float, tuple[int, int]]:
     """Per lr of the comparison: (failed, runs) of ``basin`` on the comparison's seeds."""
     out = {}
     for lr in comparison.lrs:
@@ -102,7 +104,7 @@ def edge_counts(basin: Basin, comparison: Comparison) -> dict[float, tuple[int, 
     return out
 
 
-def edge_text(basin: Basin, comparison: Comparison) -> str:
+def edge_text(basin: MethodRuns, comparison: Comparison) -> str:
     """One method's edge in a comparison as the table writes it: ``0.01 (2/5 failed at 0.02)``,
     ``0.04, the largest tried (0/5 failed at each)``, ``below 0.006 (1/5 failed there)``."""
     counts = edge_counts(basin, comparison)
@@ -117,20 +119,7 @@ def edge_text(basin: Basin, comparison: Comparison) -> str:
     return f"{top:g} ({counts[above[0]][0]}/{n} failed at {above[0]:g})"
 
 
-def comparison_sensitivity(basin: Basin, comparison: Comparison, weights: str = "ema") -> dict[int, float]:
-    """Per seed of the comparison with a capped value at each of its lrs: its LR sensitivity over
-    the comparison's lrs (Wortsman et al.; the grid is the comparison's, not the depth's)."""
-    from scalelong.studies.sweep.basin import lr_sensitivity  # basin.py imports this module
-
-    values = basin.seed_values(weights)
-    return {
-        s: lr_sensitivity([values[s][lr] for lr in comparison.lrs])
-        for s in sorted(comparison.seeds)
-        if all(lr in values.get(s, {}) for lr in comparison.lrs)
-    }
-
-
-def _seed_list(seeds: frozenset) -> str:
+def seed_list(seeds: frozenset) -> str:
     """``0``, ``0-4``, ``0, 2, 5``: consecutive runs joined by a dash."""
     ordered = sorted(seeds)
     runs: list[list[int]] = []
@@ -142,7 +131,7 @@ def _seed_list(seeds: frozenset) -> str:
     return ", ".join(f"{r[0]}-{r[-1]}" if len(r) > 2 else ", ".join(map(str, r)) for r in runs)
 
 
-def edges_table(found: Sequence[Basin]) -> str:
+def edges_table(found: Sequence[MethodRuns]) -> str:
     """One depth's comparisons (:func:`comparisons`) as a table: per comparison its seeds, lrs and
     each method's edge (:func:`edge_text`); blank where a method is not in it. Empty without one."""
     found_comparisons = comparisons(found)
@@ -153,50 +142,10 @@ def edges_table(found: Sequence[Basin]) -> str:
     lines = ["| " + " | ".join(head) + " |", "|---" * len(head) + "|"]
     by_method = {b.method: b for b in found}
     for c in found_comparisons:
-        row = [f"{_seed_list(c.seeds)} ({len(c.seeds)})", ", ".join(f"{lr:g}" for lr in c.lrs)]
+        row = [f"{seed_list(c.seeds)} ({len(c.seeds)})", ", ".join(f"{lr:g}" for lr in c.lrs)]
         row += [edge_text(by_method[m], c) if m in c.methods else "" for m in methods]
         lines.append("| " + " | ".join(row) + " |")
     return "\n".join(lines)
-
-
-def sensitivity_table(found: Sequence[Basin], weights: str = "ema") -> str:
-    """Per comparison of two lrs or more: each method's LR sensitivity over the comparison's lrs
-    (mean ± 95% t-interval over its seeds, :func:`comparison_sensitivity`) and, after the first
-    method's (``none`` where it ran), its paired difference to it. Empty without such a comparison."""
-    rows = [c for c in comparisons(found) if len(c.lrs) > 1]
-    if not rows:
-        return ""
-    by_method = {b.method: b for b in found}
-    methods = [b.method for b in found]
-    head = ["seeds", "lrs", *methods]
-    lines = ["| " + " | ".join(head) + " |", "|---" * len(head) + "|"]
-    for c in rows:
-        per = {m: comparison_sensitivity(by_method[m], c, weights) for m in c.methods}
-        base = c.methods[0]
-        row = [f"{_seed_list(c.seeds)} ({len(c.seeds)})", ", ".join(f"{lr:g}" for lr in c.lrs)]
-        for m in methods:
-            if m not in per:
-                row.append("")
-                continue
-            text = f"{fmt_ci(list(per[m].values()))} ({len(per[m])})" if per[m] else "n/a"
-            if m != base and per[m] and per[base]:
-                diff = contrast(
-                    list(per[m].values()), list(per[base].values()), list(per[m]), list(per[base])
-                )
-                text += f"; vs {base} {fmt_contrast(diff)}"
-            row.append(text)
-        lines.append("| " + " | ".join(row) + " |")
-    return "\n".join(lines)
-
-
-SENSITIVITY_NOTE = (
-    "**The LR sensitivity on each set of equal seeds.** The same rows, where they span two lrs or "
-    "more: per method the LR sensitivity over the row's lrs alone (Wortsman et al.'s formula above "
-    "with G the row's lrs; every seed of the row ran them all), mean ± the half-width of a 95% "
-    "t-interval over the seeds (their number), then its difference to the first method's (`vs "
-    "none`), paired by seed (95% interval). Lower is a flatter basin; values compare within a row "
-    "only, as the grid differs between rows."
-)
 
 
 EDGES_NOTE = (
@@ -209,9 +158,14 @@ EDGES_NOTE = (
 )
 
 
-def edges_json(found: Sequence[Basin]) -> list[dict]:
-    """The comparisons of one depth's basins for map.json: seeds, lrs, and per method its edge
-    (None: below the smallest lr) and failed k/n per lr."""
+def edges_json(
+    found: Sequence[MethodRuns],
+    sensitivity: Callable[[MethodRuns, Comparison], Mapping[int, float]] | None = None,
+) -> list[dict]:
+    """The comparisons of one depth's methods for map.json: seeds, lrs, and per method its edge
+    (None: below the smallest lr), failed k/n per lr and, with ``sensitivity`` (the basin's
+    :func:`~scalelong.studies.sweep.basin.comparison_sensitivity`), its LR sensitivity per seed over
+    the comparison's lrs."""
     by_method = {b.method: b for b in found}
     out = []
     for c in comparisons(found):
@@ -222,8 +176,8 @@ def edges_json(found: Sequence[Basin]) -> list[dict]:
                 "largest_stable_lr": largest_stable_lr(counts),
                 "failed": [{"lr": lr, "failed": k, "runs": n} for lr, (k, n) in counts.items()],
             }
-            if len(c.lrs) > 1:
-                per = comparison_sensitivity(by_method[m], c)
+            if sensitivity is not None and len(c.lrs) > 1:
+                per = sensitivity(by_method[m], c)
                 rows[m]["lr_sensitivity"] = {"seed": list(per), "per_seed": list(per.values())}
         out.append({"depth": c.depth, "seeds": sorted(c.seeds), "lrs": list(c.lrs), "methods": rows})
     return out

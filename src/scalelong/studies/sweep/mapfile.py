@@ -22,7 +22,7 @@ from scalelong.runlog.records import write_text_atomic
 from scalelong.skips import method_order
 from scalelong.studies.divergence import DEFAULT_RULE, Divergence
 from scalelong.studies.summary import Cell, CellSummary, SeedSummary
-from scalelong.studies.sweep.basin import Basin, basin_json, basins
+from scalelong.studies.sweep.basin import Basin, basin_json, basins, comparison_sensitivity
 from scalelong.studies.sweep.edges import edges_json
 from scalelong.studies.sweep.paired import paired_json
 
@@ -125,7 +125,9 @@ def write_map_json(
     if len({c.cell.lr for c in cells}) > 1:  # a basin needs two lrs (basin_section)
         data |= {"basin_weights": "ema (lr_sensitivity_raw: the trained weights)", "basin": basin_json(found)}
         depths = sorted({b.depth for b in found}, key=lambda d: -1 if d is None else d)
-        data["edges"] = [e for d in depths for e in edges_json([b for b in found if b.depth == d])]
+        data["edges"] = [
+            e for d in depths for e in edges_json([b for b in found if b.depth == d], comparison_sensitivity)
+        ]
     if beside:
         data["beside"] = dict(beside)
     write_text_atomic(path, json.dumps(data, indent=1) + "\n")
