@@ -177,7 +177,13 @@ def test_a_sweep_report_embeds_fig1_by_depth_and_the_out_block_views(tmp_path, c
     # 2 depths x 1 lr x 2 methods, 6 steps each: the smallest lr is the one drawn
     assert sweep(tmp_path, "--lrs", "1e-2", "--depths", "2,4") == 0
     folder = tmp_path / "t-sweep"
-    for name in ("fig1.png", "out_blocks_d2.png", "out_blocks_d4.png"):
+    for name in (
+        "fig1.png",
+        "out_blocks_d2.png",
+        "out_blocks_d4.png",
+        "magnitude_d2.png",
+        "magnitude_d4.png",
+    ):
         assert (folder / name).read_bytes()[:4] == b"\x89PNG", name
     report = (folder / "report.md").read_text()
     assert "## Fig. 1: hidden-feature norm by depth" in report
@@ -188,7 +194,9 @@ def test_a_sweep_report_embeds_fig1_by_depth_and_the_out_block_views(tmp_path, c
     assert table[0] == "| method | depth 2 | depth 4 |"
     assert table[2].startswith("| none | ") and table[3].startswith("| cs | ") and "none) |" in table[3]
     html = (folder / "report.html").read_text()
-    assert html.count("data:image/png;base64,") == 2 + 1 + 2  # 2 heatmaps, Fig. 1, 2 out-block views
+    # 2 heatmaps, Fig. 1, 2 out-block views, and the peak |value| along the network per depth
+    assert html.count("data:image/png;base64,") == 2 + 1 + 2 + 2
+    assert "| 4 | cs | 1 |" in report.split("peak |value| along the network")[-1]  # its table, per depth
     assert "<figcaption>Fig. 1 at lr 0.01</figcaption>" in html
 
     # the report alone, without training: of what finished, at another lr if asked
