@@ -17,6 +17,7 @@ import pytest
 
 from conftest import REPO
 from scalelong.skips import method_order
+from scalelong.studies.statistics import contrast, fmt_contrast
 from scalelong.studies.summary import CellSummary
 from scalelong.studies.sweep.beside import by_run, overflowed
 from scalelong.studies.sweep.mapfile import read_map
@@ -332,6 +333,16 @@ def fp16_magnitude_sentence(lr: float = 0.006, name: str = "lr-basin-fp16") -> s
         + ", to "
         + _and([num(median(m, last)) for m in grown])
         + " against fp16's 65,504"
+    )
+    ratios = []
+    for m in methods[1:]:
+        mine, base = ({r["seed"]: last(r["peak_absmax"]) for r in cells[k]} for k in (m, methods[0]))
+        c = contrast(list(mine.values()), list(base.values()), list(mine), list(base), ratio=True)
+        ratios.append(f"{fmt_contrast(c, unit='x')} with `{m}`")
+    text += (
+        f"; paired by seed, the last out-block's peak over `{methods[0]}`'s was " + _and(ratios)
+        if ratios
+        else ""
     )
     if shrunk:
         text += (

@@ -4,6 +4,7 @@ the sweep report's figure and table, and runs.json, on records written by hand."
 
 import json
 import math
+import statistics
 
 import pytest
 
@@ -72,13 +73,20 @@ def test_the_report_draws_the_profile_and_tabulates_where_it_is_largest(tmp_path
             run([900.0, 18000.0], 0),
             run([600.0, 9000.0], 1, last_skipped="fp16 overflow in forward"),
         ],
-        (12, "merge-norm"): [run([50.0, 60.0], 0), run([40.0, 30.0], 1)],
+        (12, "merge-norm"): [run([50.0, 60.0], 0), run([40.0, 45.0], 1)],
     }
     parts = magnitude_parts(chosen, 6e-3, tmp_path)
     assert (tmp_path / "magnitude_d12.png").is_file() and "(magnitude_d12.png)" in parts[2]
+    # merge-norm's last block against none's, paired by seed: 60 / 18000 and 45 / 9000, on the log scale
+    logs = [math.log(60 / 18000), math.log(45 / 9000)]
+    half = 12.706204736174705 * statistics.stdev(logs) / math.sqrt(2)  # t(0.975, 1)
+    mean = statistics.fmean(logs)
+    ratio = f"{math.exp(mean):.2g}x ({math.exp(mean - half):.2g} to {math.exp(mean + half):.2g})"
+    assert parts[-1].splitlines()[0].startswith("| depth | method | seeds | skips' inputs |")
+    assert "| last decoder block / none (95% CI) |" in parts[-1].splitlines()[0]
     assert parts[-1].splitlines()[2:] == [
-        "| 12 | none | 2 | 100 | 90 | 1.35e+04 | 150x | 1/2 |",  # medians: (18000 + 9000) / 2 over 90
-        "| 12 | merge-norm | 2 | 100 | 90 | 45 | 0.5x | 0/2 |",
+        "| 12 | none | 2 | 100 | 90 | 1.35e+04 |  | 150x | 1/2 |",  # medians: (18000 + 9000) / 2 over 90
+        f"| 12 | merge-norm | 2 | 100 | 90 | 52.5 | {ratio} | 0.583x | 0/2 |",
     ]
     assert (
         magnitude_parts({(12, "none"): [StudyRun("r", [{"step": 1, "loss": 1.0}], {}, [])]}, 1e-2, tmp_path)

@@ -22,7 +22,7 @@ from scalelong.studies.plots import (
     plot_stability_map,
     series,
 )
-from scalelong.studies.statistics import mean_ci
+from scalelong.studies.statistics import contrast, fmt_contrast, mean_ci
 from scalelong.studies.summary import Cell, CellSummary, StudyRun, summarise_cells, summarise_run
 from scalelong.studies.sweep.beside import overflowed
 from scalelong.studies.sweep.tables import fig1_table
@@ -145,15 +145,28 @@ def magnitude_parts(
         name = "magnitude.png" if depth is None else f"magnitude_d{depth}.png"
         png = plot_magnitude(profiles, sweep_dir / name, limit=FP16_MAX, title=f"{label}, lr {lr:g}")
         figures.append(f"![peak |value| along the network, {label}, lr {lr:g}]({png.name})")
+        last = {  # per method, each seed's last decoder block peak, for the paired ratio to the first
+            m: {r.seed: g[2] for r in rs if (g := decoder_growth(peak_absmax(r.records)))}
+            for m, rs in runs.items()
+        }
+        base = next(iter(runs))  # the first in method order: none where it ran
         for method, recs in mine.items():
             grown = [g for r in recs if (g := decoder_growth(peak_absmax(r)))]
             if not grown:
                 continue
             past = sum(reached(r.records, FP16_MAX) or overflowed(summarise_run(r)) for r in runs[method])
+            a, b = last[method], last[base]
+            ratio = (
+                ""
+                if method == base
+                else fmt_contrast(
+                    contrast(list(a.values()), list(b.values()), list(a), list(b), ratio=True), unit="x"
+                )
+            )
             rows.append(
                 f"| {'' if depth is None else depth} | {method} | {len(recs)} | "
                 f"{_median([g[0] for g in grown])} | {_median([g[1] for g in grown])} | "
-                f"{_median([g[2] for g in grown])} | {_median([g[2] / g[1] for g in grown])}x | "
+                f"{_median([g[2] for g in grown])} | {ratio} | {_median([g[2] / g[1] for g in grown])}x | "
                 f"{past}/{len(recs)} |"
             )
     if not figures:
@@ -165,10 +178,15 @@ def magnitude_parts(
         "encoder blocks' outputs are the long skips' inputs; each decoder block merges a skip into the "
         "decoder stream. fp16 overflows where a value passes 65,504 (dashed). The table: the median "
         "over seeds of the largest encoder peak (the skips' inputs), the middle block's, the last "
-        "decoder block's (each seed's largest finite value), and of each seed's growth from the middle "
-        "to the last; the seeds whose values reached 65,504 at a logged step or whose fp16 forward "
-        "overflowed (the trainer's record of the steps it skipped).",
+        "decoder block's (each seed's largest finite value) with its ratio to the first method's "
+        "(geometric mean over the seeds both ran, paired by seed, 95% interval: one that spans 1 is no "
+        "evidence of a gap), and of each seed's growth from the middle to the last; the seeds whose "
+        "values reached 65,504 at a logged step or whose fp16 forward overflowed (the trainer's record "
+        "of the steps it skipped).",
         *figures,
-        "| depth | method | seeds | skips' inputs | middle block | last decoder block "
-        "| growth middle to last | reached 65,504 or overflowed |\n" + "|---" * 8 + "|\n" + "\n".join(rows),
+        "| depth | method | seeds | skips' inputs | middle block | last decoder block | last decoder block / "
+        f"{base} (95% CI) | growth middle to last | reached 65,504 or overflowed |\n"
+        + "|---" * 9
+        + "|\n"
+        + "\n".join(rows),
     ]
