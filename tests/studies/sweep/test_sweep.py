@@ -68,17 +68,17 @@ def test_tables_name_the_largest_stable_lr_and_the_best_stable_cell():
     # Only 2e-3 decides: every method ran seed 0 there, while ls ran no other lr and cs not 5e-3. So
     # none's edge is 2e-3 (its 5e-3 decides nothing), and cs's too, though cs trained at 1e-2.
     # none: mean 0.31, t(0.975, 1) x stdev 0.01414 / sqrt(2) = 12.706 x 0.01 = 0.127
-    assert table[2] == "| none | 0.002 | 0.31 ± 0.13 | 0.002 | 2 |"
-    assert table[3] == "| sqrt2 | 0.002 | 0.3 | 0.002 | 1 |"
-    assert table[4] == "| cs | 0.002 | 0.3 | 0.002 | 1 |"
+    assert table[2] == "| none | 0.002 (on seed 0) | 0.31 ± 0.13 | 0.002 | 2 |"
+    assert table[3] == "| sqrt2 | 0.002 (on seed 0) | 0.3 | 0.002 | 1 |"  # its 5e-3 and 1e-2 decide nothing
+    assert table[4] == "| cs | 0.002 (on seed 0) | 0.3 | 0.002 | 1 |"
     assert table[5] == "| ls | none: the smallest lr that decides failed | n/a | | |"
     # without ls, 1e-2 decides on seed 0 for none, sqrt2 and cs: none trained there on seed 0 (its seed
     # 1 failed, which no other method ran), sqrt2 failed below it at 5e-3 - a stable lr above a failed
     # one is luck, not margin - and 5e-3 (not run by cs) still decides nothing
     table = stability_table([c for c in cells if c.cell.method != "ls"], "loss").splitlines()
     assert [row.split(" | ")[1] for row in table[2:]] == [
-        "0.01 (the largest tried)",
-        "0.01 (the largest tried)",
+        "0.01 (the largest tried; on seed 0)",
+        "0.01 (the largest tried; on seed 0)",
         "0.01 (the largest tried)",
     ]
     rows = cell_table(cells, "loss").splitlines()

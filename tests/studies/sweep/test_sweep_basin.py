@@ -150,7 +150,9 @@ def test_the_edge_is_read_on_the_seeds_every_method_ran():
     assert b_none.counts()[2e-3] == (2, 5) and b_none.deciding_counts() == {1e-3: (0, 1), 2e-3: (0, 1)}
     assert b_none.largest_stable_lr == 2e-3 == b_cs.largest_stable_lr
     row = basin_table([b_none, b_cs]).splitlines()[2]
-    assert row.startswith("| none | 0.002 | 0/5; 0/1 shared | 2/5; 0/1 shared | 1/1; not shared |")
+    assert row.startswith(
+        "| none | 0.002 (on seed 0) | 0/5; 0/1 shared | 2/5; 0/1 shared | 1/1; not shared |"
+    )
 
 
 def test_the_report_section_tables_the_basin_and_says_which_cap(tmp_path):
@@ -171,7 +173,8 @@ def test_the_report_section_tables_the_basin_and_says_which_cap(tmp_path):
     mean, half = none.sensitivity()
     best_half = T2 * 0.02 / math.sqrt(3)
     assert table[2] == (
-        f"| none | 0.002 | 0/3 | 0/3; 0/2 shared | 1/3; 1/1 shared (+1 above ℓ0) | {mean:.3g} ± {half:.2g} "
+        "| none | 0.002 (on the seeds all methods ran at each lr) | 0/3 | 0/3; 0/2 shared | "
+        f"1/3; 1/1 shared (+1 above ℓ0) | {mean:.3g} ± {half:.2g} "
         "(3 seeds) | baseline | "
         f"0.22 ± {best_half:.2g} | 0.002 |"
     )

@@ -159,11 +159,22 @@ class Basin:
     def stable_edge(self) -> str:
         """The largest stable lr as every table writes it: ``2e-3``; ``8e-3 (the largest tried)``
         where it is the largest lr the method trained (the edge may lie further out); ``none``
-        where the smallest lr that decides failed."""
+        where the smallest lr that decides failed. Where the method ran seeds that did not decide
+        (other methods did not run them), the seeds that did are named, ``1e-2 (on seed 0)``, or
+        where they differ between lrs it says so, so the edge is not read as the method's over all
+        its runs."""
         top = self.largest_stable_lr
-        if top is None:
-            return "none"
-        return f"{top:g}" + (" (the largest tried)" if top == self.lrs[-1] else "")
+        notes = ["the largest tried"] if top is not None and top == self.lrs[-1] else []
+        deciding = self.deciding_counts()
+        if not all(lr in deciding and deciding[lr][1] == len(self.at(lr)) for lr in self.lrs):
+            sets = {self.shared[lr] for lr in deciding}
+            if len(sets) == 1:
+                (seeds,) = sets
+                notes.append(f"on seed{'s' if len(seeds) > 1 else ''} {seed_list(seeds)}")
+            else:
+                notes.append("on the seeds all methods ran at each lr")
+        text = "none" if top is None else f"{top:g}"
+        return text + (f" ({'; '.join(notes)})" if notes else "")
 
     def seed_values(self, weights: str = "ema") -> dict[int | None, dict[float, float]]:
         """Per seed, its capped value at each lr it has one (:meth:`BasinRun.value`)."""
