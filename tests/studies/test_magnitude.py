@@ -23,7 +23,17 @@ def test_blocks_in_forward_order_on_every_backbone():
         "out_blocks.2",
         "out_blocks.10",  # by index, not as text
     ]
-    assert forward_order(["up.0", "mid", "down.1", "down.0", "final"]) == ["down.0", "down.1", "mid", "up.0"]
+    assert forward_order(["up.0", "mid.1", "mid.0", "down.1", "down.0"]) == [
+        "down.0",
+        "down.1",
+        "mid.0",
+        "mid.1",
+        "up.0",
+    ]
+    ddpm = ["final_res_block", "ups.1.0", "mid_block2", "downs.0.1", "ups.0.1", "mid_block1", "downs.0.0"]
+    assert forward_order(ddpm) == ["downs.0.0", "downs.0.1", "mid_block1", "mid_block2", "ups.0.1", "ups.1.0"]
+    diffusers_uvit = ["transformer_out_blocks.0.block", "transformer_mid_block", "transformer_in_blocks.0"]
+    assert forward_order(diffusers_uvit) == diffusers_uvit[::-1]
     assert forward_order(["up_blocks.1", "down_blocks.0", "mid_block"]) == [
         "down_blocks.0",
         "mid_block",

@@ -18,21 +18,25 @@ from collections.abc import Mapping, Sequence
 from scalelong.diagnostics import metric_names as names
 from scalelong.runlog.records import Records, as_float
 
-# Encoder, middle and decoder blocks as the diagnostics name them (U-ViT, diffusers, the package's UNet).
+# Encoder, middle and decoder blocks as the diagnostics name them: U-ViT (in_blocks.0, mid_block,
+# out_blocks.0), the package's UNet (down.0, mid.0, up.0), diffusers UNets (down_blocks.0, mid_block,
+# up_blocks.0) and U-ViT (transformer_in_blocks.0, transformer_mid_block, transformer_out_blocks.0.block),
+# denoising-diffusion-pytorch (downs.0.0, mid_block1, ups.0.0).
 _STAGES = (
-    re.compile(r"^(?:in_blocks|down_blocks|down)\.(\d+)$"),
-    re.compile(r"^(?:mid_block|mid)$()"),
-    re.compile(r"^(?:out_blocks|up_blocks|up)\.(\d+)$"),
+    re.compile(r"^(?:transformer_)?(?:in_blocks|down_blocks|downs?)\.[\d.]+$"),
+    re.compile(r"^(?:transformer_)?mid(?:_block)?[\d.]*$"),
+    re.compile(r"^(?:transformer_)?(?:out_blocks|up_blocks|ups?)\.[\d.]+(?:\.block)?$"),
 )
 
 
 def forward_order(blocks: Sequence[str]) -> list[str]:
-    """The encoder, middle and decoder blocks among ``blocks``, in forward order; others left out."""
+    """The encoder, middle and decoder blocks among ``blocks``, in forward order (by stage, then by
+    the numbers in the name); others (a final block) left out."""
     keyed = []
     for name in blocks:
         for stage, pattern in enumerate(_STAGES):
-            if m := pattern.match(name):
-                keyed.append(((stage, int(m.group(1) or 0)), name))
+            if pattern.match(name):
+                keyed.append(((stage, tuple(int(n) for n in re.findall(r"\d+", name))), name))
     return [name for _, name in sorted(keyed)]
 
 
