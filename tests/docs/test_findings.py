@@ -508,6 +508,16 @@ def test_the_fp16_basin_in_the_readme():
         sentence = fp16_paired_sentence(method, lr)
         if "20 of the 20" in sentence:
             assert_quoted("README.md", sentence)
+            (row,) = [
+                r for r in study("lr-basin-fp16")[1]["paired"] if r["method"] == method and r["lr"] == lr
+            ]
+            failed_none = row["both_failed"] + row["only_none_failed"]
+            failed_m = row["both_failed"] + row["only_method_failed"]
+            p = format(row["mcnemar_p"], ".2g")
+            assert_quoted(
+                "docs/results.md",
+                f"`none` failed {failed_none}/20, `{method}` {failed_m}/20 (McNemar p = {p})",
+            )
 
 
 def mean_reference_step(measured) -> float:
