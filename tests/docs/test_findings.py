@@ -358,6 +358,18 @@ def fp16_magnitude_sentence(lr: float = 0.006, name: str = "lr-basin-fp16") -> s
     return text
 
 
+def test_scaled_skips_overflowed_as_often_as_none_where_the_values_are_quoted():
+    """Studies: at 6e-3 the runs of `cs` and `ls` "overflowed as often as `none`'s", on the seeds each
+    shares with `none`."""
+    cells = study("lr-basin-fp16")[0]
+    runs = {m: {r.seed: r for r in cells[12, 0.006, m].runs} for m in ("none", "cs", "ls")}
+    for m in ("cs", "ls"):
+        shared = runs[m].keys() & runs["none"].keys()
+        assert len(shared) >= 5
+        assert sum(overflowed(runs[m][s]) for s in shared) == sum(overflowed(runs["none"][s]) for s in shared)
+    assert_quoted("docs/studies.md", "and those runs overflowed as often as `none`'s")
+
+
 def test_where_the_fp16_values_sit_as_quoted():
     assert_quoted("docs/studies.md", fp16_magnitude_sentence())
     assert_quoted("docs/studies.md", fp16_magnitude_sentence(0.02, "lr-basin-paired"))
