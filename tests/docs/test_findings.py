@@ -463,10 +463,17 @@ def fp16_lr_clause(cells, lr: float) -> str:
 
 def merge_norm_fp16_clause() -> str:
     """What the README says of `merge-norm` in fp16, from the data: on the lrs with five seeds or more,
-    whether any of its runs overflowed in forward, and the seeds it failed and by what."""
+    whether any of its runs overflowed in forward, and the seeds it failed and by what; on the seeds
+    every method there ran, as the README's clauses per lr (a paired test's further seeds are its own)."""
     cells = study("lr-basin-fp16")[0]
     at = {k[1]: c for k, c in cells.items() if k[2] == "merge-norm" and c.count >= 5}
-    runs = by_run(at.values())
+    shared = {
+        lr: set.intersection(
+            *({r.seed for r in c.runs} for k, c in cells.items() if k[1] == lr and c.count >= 5)
+        )
+        for lr in at
+    }
+    runs = {k: r for k, r in by_run(at.values()).items() if k[3] in shared[k[1]]}
     broken = {k: r for k, r in runs.items() if r.breaks}
     lrs_of = {seed: sorted(k[1] for k in broken if k[3] == seed) for seed in sorted({k[3] for k in broken})}
     causes = sorted({b.criterion for r in broken.values() for b in r.breaks})
