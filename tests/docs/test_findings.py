@@ -506,6 +506,12 @@ def fp16_paired_sentence(method: str, lr: float) -> str:
     if n < 20:
         return text
     h, d = row["fp16_headroom_ratio"], row["x0_error_minus_none"]  # the secondary outcomes, stated too
+    if h["low"] is None or d["low"] is None:  # one seed where both trained: a value, no interval
+        return text + (
+            f". On the {row['both_trained']} seed where both trained, `{method}`'s least fp16 headroom is "
+            f"{h['estimate']:.2g}x `none`'s and its held-out x0 error differs by {d['estimate']:+.4f} (one "
+            "seed: no interval)"
+        )
     headroom = "no evidence of a gap" if h["low"] <= 1 <= h["high"] else "a gap"
     x0 = "no evidence of a gap" if d["low"] <= 0 <= d["high"] else "a gap"
     return text + (
