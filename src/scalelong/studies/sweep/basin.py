@@ -314,7 +314,7 @@ def sensitivity_table(found: Sequence[Basin], weights: str = "ema") -> str:
     for c in rows:
         per = {m: comparison_sensitivity(by_method[m], c, weights) for m in c.methods}
         base = c.methods[0]
-        row = [f"{seed_list(c.seeds)} ({len(c.seeds)})", ", ".join(f"{lr:g}" for lr in c.lrs)]
+        row = c.cells()
         for m in methods:
             if m not in per:
                 row.append("")

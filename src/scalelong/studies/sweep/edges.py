@@ -59,6 +59,10 @@ class Comparison:
     methods: tuple[str, ...]  # in the report's method order
     lrs: tuple[float, ...]  # ascending
 
+    def cells(self) -> list[str]:
+        """The row's first two cells in every table of comparisons: its seeds (their number), its lrs."""
+        return [f"{seed_list(self.seeds)} ({len(self.seeds)})", ", ".join(f"{lr:g}" for lr in self.lrs)]
+
     def contains(self, other: Comparison) -> bool:
         """Whether this comparison holds every seed, method and lr of ``other``."""
         return (
@@ -142,8 +146,7 @@ def edges_table(found: Sequence[MethodRuns]) -> str:
     lines = ["| " + " | ".join(head) + " |", "|---" * len(head) + "|"]
     by_method = {b.method: b for b in found}
     for c in found_comparisons:
-        row = [f"{seed_list(c.seeds)} ({len(c.seeds)})", ", ".join(f"{lr:g}" for lr in c.lrs)]
-        row += [edge_text(by_method[m], c) if m in c.methods else "" for m in methods]
+        row = c.cells() + [edge_text(by_method[m], c) if m in c.methods else "" for m in methods]
         lines.append("| " + " | ".join(row) + " |")
     return "\n".join(lines)
 

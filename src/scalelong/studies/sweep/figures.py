@@ -145,13 +145,14 @@ def magnitude_parts(
         name = "magnitude.png" if depth is None else f"magnitude_d{depth}.png"
         png = plot_magnitude(profiles, sweep_dir / name, limit=FP16_MAX, title=f"{label}, lr {lr:g}")
         figures.append(f"![peak |value| along the network, {label}, lr {lr:g}]({png.name})")
-        last = {  # per method, each seed's last decoder block peak, for the paired ratio to the first
-            m: {r.seed: g[2] for r in rs if (g := decoder_growth(peak_absmax(r.records)))}
+        growth = {  # per method and seed: (skips' inputs, middle block, last decoder block), read once
+            m: {r.seed: g for r in rs if (g := decoder_growth(peak_absmax(r.records)))}
             for m, rs in runs.items()
         }
+        last = {m: {seed: g[2] for seed, g in by_seed.items()} for m, by_seed in growth.items()}
         base = next(iter(runs))  # the first in method order: none where it ran
         for method, recs in mine.items():
-            grown = [g for r in recs if (g := decoder_growth(peak_absmax(r)))]
+            grown = list(growth[method].values())
             if not grown:
                 continue
             past = sum(reached(r.records, FP16_MAX) or overflowed(summarise_run(r)) for r in runs[method])
