@@ -92,6 +92,18 @@ def test_bf16_on_cpu_trains_and_compiled_fp16_on_cpu_is_a_clear_error(tmp_path):
     assert not (tmp_path / "fp16").exists()
 
 
+def test_the_last_skipped_step_survives_a_resume(tmp_path):
+    """A step skipped before the run was interrupted is still the summary's ``last_skipped`` after it
+    resumes and ends: the cause is restored with the checkpoint, not lost with the process."""
+    train(tiny(tmp_path, "nan3", "train.steps=4"), progress=False, loss_hooks=[nan_loss_at(3)])
+    before = json.loads((tmp_path / "nan3" / "summary.json").read_text())["last_skipped"]
+    assert before == "non-finite loss with a finite forward of every fp16 op (step 3)"
+    train(tiny(tmp_path, "nan3"), progress=False)  # resumes from step 4, no skipped step after it
+    summary = json.loads((tmp_path / "nan3" / "summary.json").read_text())
+    assert summary["steps"] == 8 and summary["nonfinite_steps"] == 1
+    assert summary["last_skipped"] == before
+
+
 def blow_up_skip_merge(at: int, value: float):
     """A step hook: after step ``at`` the first out-block's skip merge gets weights of ``value``, so
     its output passes fp16's 65,504 (or turns non-finite) while every earlier op stays as it was."""

@@ -92,13 +92,15 @@ StepHook = Callable[[int, "Trainer"], None]
 
 @dataclass
 class TrainState:
-    """The trainer's counters: with the weights, optimizer, scaler, noise generator and RNG states,
-    what a resume restores. Each field is listed once; trainer.pt keeps ``step`` and ``counters``."""
+    """The trainer's counters and the cause of its last skipped step: with the weights, optimizer,
+    scaler, noise generator and RNG states, what a resume restores. Each field is listed once;
+    trainer.pt keeps ``step`` and ``counters`` (the rest)."""
 
     step: int = 0  # optimizer steps done, skipped ones included
     nonfinite_total: int = 0  # steps skipped for a non-finite loss or gradient
     nonfinite_streak: int = 0  # ... of them in a row, up to now
     overflow_total: int = 0  # fp16 steps whose update the loss scaler skipped
+    last_skipped: str = ""  # why the last skipped step was skipped (Trainer.locate), kept across resumes
 
     def state_dict(self) -> dict:
         counters = dataclasses.asdict(self)
@@ -272,7 +274,6 @@ class Trainer:
         self.scaler = torch.amp.GradScaler("cpu") if self.cpu_fp16 else accelerator.scaler
         # what the run computes in
         self.precision = asked if self.cpu_autocast else accelerator.mixed_precision
-        self.cause = ""  # why the last skipped step was skipped (Trainer.locate)
         self.params = [p for p in self.model.parameters() if p.requires_grad]
         # One generator for the whole global batch, advanced alike on every process.
         self.noise_gen = torch.Generator().manual_seed(cfg.train.seed)
@@ -369,7 +370,7 @@ class Trainer:
             self.diag_metrics = self.diagnostics.collect(step, float(loss_all))
         outcome = self.update(gnorm, *finite)
         if outcome != "ok":  # the weights are those of the failed forward: the update was skipped
-            self.cause = self.locate(step, images, labels, draws, loss_ok=finite[0])
+            self.state.last_skipped = self.locate(step, images, labels, draws, loss_ok=finite[0])
         return loss_all, gnorm, outcome
 
     def locate(self, step: int, images: torch.Tensor, labels: torch.Tensor, d: Draws, loss_ok: bool) -> str:
@@ -728,10 +729,10 @@ class Trainer:
         streak, limit = self.state.nonfinite_streak, self.cfg.train.max_nonfinite_steps
         return TrainingStopped(
             f"training stopped at step {step}: {streak} steps in a row had a non-finite loss or gradient "
-            f"(train.max_nonfinite_steps={limit}; the last: {self.cause}); lower optim.lr, set "
+            f"(train.max_nonfinite_steps={limit}; the last: {self.state.last_skipped}); lower optim.lr, set "
             f"train.grad_clip or use train.mixed_precision=no; {self.run} keeps the last good checkpoint",
             step,
-            cause=self.cause,
+            cause=self.state.last_skipped,
         )
 
     def _log(
@@ -918,8 +919,8 @@ def _end(
         summary["stopped"] = stopped
     if final is not None:
         summary["best"] = final
-    if trainer.cause:  # the last skipped step: where it went non-finite (Trainer.locate)
-        summary["last_skipped"] = trainer.cause
+    if trainer.state.last_skipped:  # where the last skipped step went non-finite (Trainer.locate)
+        summary["last_skipped"] = trainer.state.last_skipped
     gpu_policy = trainer.cpu_autocast is not None
     summary["provenance"] = provenance(trainer.precision, trainer.acc.device, gpu_policy)
     run.write_summary(summary)
