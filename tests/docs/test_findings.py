@@ -499,10 +499,12 @@ def fp16_paired_sentence(method: str, lr: float) -> str:
     )
 
 
-def fp16_edges_sentence() -> str:
-    """The README's fp16 edges: the comparison of map.json's ``edges`` on seeds 0-4 with the most
-    methods and lrs, each method's largest lr at which no seed failed, as the report's table says it."""
-    rows = [e for e in study("lr-basin-fp16")[1]["edges"] if e["seeds"] == [0, 1, 2, 3, 4]]
+def edges_sentence(name: str = "lr-basin-fp16", seeds: tuple = (0, 1, 2, 3, 4)) -> str:
+    """A study's edges on equal seeds, as the README says them: the comparison of its map.json's
+    ``edges`` on ``seeds`` with the most methods and lrs, each method's largest lr at which no seed
+    failed, as the report's table says it."""
+    rows = [e for e in study(name)[1]["edges"] if e["seeds"] == list(seeds)]
+    n = len(seeds)
     row = max(rows, key=lambda e: (len(e["methods"]), len(e["lrs"])))
     said = []
     for m, edge in row["methods"].items():
@@ -510,13 +512,15 @@ def fp16_edges_sentence() -> str:
         top = edge["largest_stable_lr"]
         above = [lr for lr in row["lrs"] if top is None or lr > top]
         if top is None:
-            said.append(f"`{m}` below {above[0]:g} ({failed_at[above[0]]}/5 failed there)")
+            said.append(f"`{m}` below {above[0]:g} ({failed_at[above[0]]}/{n} failed there)")
         elif above:
-            said.append(f"`{m}` {top:g} ({failed_at[above[0]]}/5 failed at {above[0]:g})")
+            said.append(f"`{m}` {top:g} ({failed_at[above[0]]}/{n} failed at {above[0]:g})")
         else:
             said.append(f"`{m}` {top:g}, the largest tried")
     lrs = row["lrs"]
-    head = f"on seeds 0-4 at {lrs[0]:g} to {lrs[-1]:g}, the largest lr where no seed failed: "
+    head = (
+        f"on seeds {seeds[0]}-{seeds[-1]} at {lrs[0]:g} to {lrs[-1]:g}, the largest lr where no seed failed: "
+    )
     return head + ", ".join(said)
 
 
@@ -618,7 +622,7 @@ FP16_VERDICT = (
 def test_the_fp16_basin_in_the_readme():
     """The README's fp16 answer: the edges on seeds 0-4, where the overflows sit, the finished paired
     tests, and a verdict in words that the tests' own verdicts and the headroom carry."""
-    assert_quoted("README.md", fp16_edges_sentence())
+    assert_quoted("README.md", edges_sentence())
     assert_quoted("README.md", "The overflows sit at one layer: " + fp16_overflow_sites())
     most = re.match(r"of the (\d+) runs that overflowed, (\d+) did so", fp16_overflow_sites())
     assert int(most[2]) >= 0.85 * int(most[1])  # "at one layer": all but a few
