@@ -20,6 +20,7 @@ from scalelong.diagnostics import metric_names as names
 from scalelong.runlog.records import series, write_text_atomic
 from scalelong.studies.heldout import heldout_x0_series
 from scalelong.studies.magnitude import peak_absmax
+from scalelong.studies.markdown import markdown_table
 from scalelong.studies.summary import Cell, StudyRun
 from scalelong.training.config import config_to_dict, read_yaml
 from scalelong.training.runs import config_differences
@@ -114,17 +115,17 @@ def provenance_section(runs: Mapping[Cell, Sequence[StudyRun]]) -> list[str]:
             f"Every run: {line}. Each run's provenance, config and time series: `runs.json`.",
             *said,
         ]
-    lines = ["| depth | lr | method | seeds | " + " | ".join(PROVENANCE_KEYS) + " |", "|---" * 8 + "|"]
+    rows = []
     for cell, rs in runs.items():
         made = cell_provenance(rs)
         row = ["" if cell.depth is None else str(cell.depth), f"{cell.lr:g}", cell.method, str(len(rs))]
         row += [", ".join(made[k]) for k in PROVENANCE_KEYS]
-        lines.append("| " + " | ".join(row) + " |")
+        rows.append(row)
     return [
         heading,
         "The runs were not all made by the same commit, torch, precision and device: per cell, every "
         "value among its runs. Each run's provenance, config and time series: `runs.json`.",
-        "\n".join(lines),
+        markdown_table(["depth", "lr", "method", "seeds", *PROVENANCE_KEYS], rows),
         *said,
     ]
 

@@ -7,6 +7,7 @@ import statistics
 from collections.abc import Mapping, Sequence
 
 from scalelong.studies.divergence import criteria
+from scalelong.studies.markdown import markdown_table
 from scalelong.studies.report import digit_headers, has_digits
 from scalelong.studies.statistics import fmt_ci, fmt_contrast
 from scalelong.studies.summary import MethodSummary
@@ -26,7 +27,7 @@ def summary_table(
     head = ["method", "final FD", f"final FD vs {baseline} (95% CI)", *extra, "final loss"]
     head += ["feature-norm osc. std", "loss spikes", f"steps to {baseline}'s final FD"]
     head += [f"speed-up vs {baseline} (95% CI)", "diverged"]
-    lines = ["| " + " | ".join(head) + " |", "|---" * len(head) + "|"]
+    rows = []
     for s in summaries:
         n, reached = s.count, [x for x in s.steps_to_target if x is not None]
         steps = (
@@ -45,5 +46,5 @@ def summary_table(
             speedup,
             criteria(s.breaks),
         ]
-        lines.append("| " + " | ".join(row) + " |")
-    return "\n".join(lines)
+        rows.append(row)
+    return markdown_table(head, rows)

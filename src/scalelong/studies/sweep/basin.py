@@ -44,6 +44,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from scalelong.skips import method_order
+from scalelong.studies.markdown import markdown_table
 from scalelong.studies.plots import BasinPoint, plot_basin
 from scalelong.studies.statistics import Contrast, contrast, fmt_ci, fmt_contrast, mean_ci
 from scalelong.studies.summary import CellSummary
@@ -304,14 +305,14 @@ def sensitivity_table(found: Sequence[Basin], weights: str = "ema") -> str:
     """Per comparison of two lrs or more: each method's LR sensitivity over the comparison's lrs
     (mean ± 95% t-interval over its seeds, :func:`comparison_sensitivity`) and, after the first
     method's (``none`` where it ran), its paired difference to it. Empty without such a comparison."""
-    rows = [c for c in comparisons(found) if len(c.lrs) > 1]
-    if not rows:
+    spanning = [c for c in comparisons(found) if len(c.lrs) > 1]
+    if not spanning:
         return ""
     by_method = {b.method: b for b in found}
     methods = [b.method for b in found]
     head = ["seeds", "lrs", *methods]
-    lines = ["| " + " | ".join(head) + " |", "|---" * len(head) + "|"]
-    for c in rows:
+    rows = []
+    for c in spanning:
         per = {m: comparison_sensitivity(by_method[m], c, weights) for m in c.methods}
         base = c.methods[0]
         row = c.cells()
@@ -326,8 +327,8 @@ def sensitivity_table(found: Sequence[Basin], weights: str = "ema") -> str:
                 )
                 text += f"; vs {base} {fmt_contrast(diff)}"
             row.append(text)
-        lines.append("| " + " | ".join(row) + " |")
-    return "\n".join(lines)
+        rows.append(row)
+    return markdown_table(head, rows)
 
 
 SENSITIVITY_NOTE = (
@@ -383,7 +384,7 @@ def basin_table(found: Sequence[Basin], weights: str = "ema") -> str:
         "at lr",
     ]
     head += ["LR sensitivity (trained weights)"] if raw else []
-    lines = ["| " + " | ".join(head) + " |", "|---" * len(head) + "|"]
+    rows = []
     for b in found:
         diff = "baseline" if b is base else fmt_contrast(b.against(base, weights))
         best = b.best(weights)
@@ -391,8 +392,8 @@ def basin_table(found: Sequence[Basin], weights: str = "ema") -> str:
         row += [_sensitivity(b, weights), diff]
         row += [fmt_ci(best[1]), f"{best[0]:g}"] if best else ["n/a", ""]
         row += [_sensitivity(b, "raw")] if raw else []
-        lines.append("| " + " | ".join(row) + " |")
-    return "\n".join(lines)
+        rows.append(row)
+    return markdown_table(head, rows)
 
 
 def _left_out_note(found: Sequence[Basin], weights: str) -> str:

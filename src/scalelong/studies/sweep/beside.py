@@ -27,6 +27,7 @@ from scalelong.errors import ScaleLongError
 from scalelong.runlog.provenance import PRECISION_NAMES
 from scalelong.skips import method_order
 from scalelong.studies.divergence import cause, skip_cause
+from scalelong.studies.markdown import markdown_table
 from scalelong.studies.plots import plot_basin
 from scalelong.studies.summary import CellSummary, SeedSummary
 from scalelong.studies.sweep.basin import WEIGHTS, Basin, basin_table, basins, figure_points
@@ -243,12 +244,12 @@ def edge_table(found: Sequence[Basin], precision: str) -> str:
     on the seeds every method ran there (:meth:`~scalelong.studies.sweep.basin.Basin.deciding_counts`)."""
     grid = sorted({lr for b in found for lr in b.lrs})
     head = ["depth", "method", f"largest stable lr ({precision})", *(f"failed at {lr:g}" for lr in grid)]
-    lines = ["| " + " | ".join(head) + " |", "|---" * len(head) + "|"]
+    rows = []
     for b in found:
         counts = b.deciding_counts()
         cols = [f"{counts[lr][0]}/{counts[lr][1]}" if lr in counts else "" for lr in grid]
-        lines.append("| " + " | ".join([_depth(b.depth), b.method, b.stable_edge(), *cols]) + " |")
-    return "\n".join(lines)
+        rows.append([_depth(b.depth), b.method, b.stable_edge(), *cols])
+    return markdown_table(head, rows)
 
 
 def overflowed(run: SeedSummary) -> bool:
@@ -295,7 +296,7 @@ def run_table(pairs: Sequence[Pair], this: str, other: str) -> str:
     head = ["depth", "lr", "method", "seed", f"{other}: least fp16 headroom", f"{this}: outcome"]
     head += [f"{this}: steps skipped (loss scale + non-finite loss)", f"{this}: least fp16 headroom"]
     head += [f"{this}: overflowed"]
-    lines = ["| " + " | ".join(head) + " |", "|---" * len(head) + "|"]
+    rows = []
     for (depth, lr, method, seed), mine, theirs in pairs:
         cols = [_depth(depth), f"{lr:g}", method, str(seed), _headroom(theirs.fp16_headroom)]
         cols += [
@@ -304,8 +305,8 @@ def run_table(pairs: Sequence[Pair], this: str, other: str) -> str:
             _headroom(mine.fp16_headroom),
             "yes" if overflowed(mine) else "no",
         ]
-        lines.append("| " + " | ".join(cols) + " |")
-    return "\n".join(lines)
+        rows.append(cols)
+    return markdown_table(head, rows)
 
 
 def prediction_square(pairs: Sequence[Pair], this: str, other: str) -> list[str]:

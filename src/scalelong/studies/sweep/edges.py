@@ -24,6 +24,8 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
+from scalelong.studies.markdown import markdown_table
+
 
 class MethodRuns(Protocol):
     """What the edges read of one method's runs at one depth: a
@@ -143,12 +145,12 @@ def edges_table(found: Sequence[MethodRuns]) -> str:
         return ""
     methods = [b.method for b in found]
     head = ["seeds", "lrs", *methods]
-    lines = ["| " + " | ".join(head) + " |", "|---" * len(head) + "|"]
     by_method = {b.method: b for b in found}
-    for c in found_comparisons:
-        row = c.cells() + [edge_text(by_method[m], c) if m in c.methods else "" for m in methods]
-        lines.append("| " + " | ".join(row) + " |")
-    return "\n".join(lines)
+    rows = [
+        c.cells() + [edge_text(by_method[m], c) if m in c.methods else "" for m in methods]
+        for c in found_comparisons
+    ]
+    return markdown_table(head, rows)
 
 
 EDGES_NOTE = (

@@ -15,6 +15,7 @@ from pathlib import Path
 
 from scalelong.skips import method_order
 from scalelong.studies.heldout import heldout_x0_series
+from scalelong.studies.markdown import markdown_table
 from scalelong.studies.plots import plot_fig1_by_depth
 from scalelong.studies.statistics import contrast, fmt_ci, fmt_contrast
 from scalelong.studies.summary import Cell, StudyRun
@@ -38,10 +39,10 @@ def length_table(runs: Mapping[Cell, Sequence[StudyRun]]) -> str:
     difference to ``none`` at that step, paired by seed (:func:`contrast`)."""
     by_method = {c.method: [(r.seed, probes(r)) for r in rs] for c, rs in runs.items()}
     steps = sorted({s for rs in by_method.values() for _, p in rs for s in p})
-    lines = ["| method | " + " | ".join(f"step {s:,}" for s in steps) + " |", "|---" * (len(steps) + 1) + "|"]
+    rows = []
     ref = by_method.get("none")  # [(seed, {step: error})]
     for method in sorted(by_method, key=method_order):
-        row = []
+        row = [method]
         for s in steps:
             here = [(seed, p[s]) for seed, p in by_method[method] if s in p]
             base = [(seed, p[s]) for seed, p in ref or () if s in p]
@@ -51,8 +52,8 @@ def length_table(runs: Mapping[Cell, Sequence[StudyRun]]) -> str:
                 diff = contrast(values, base_values, seeds, base_seeds)
                 cell += f"; - none {fmt_contrast(diff)}"
             row.append(cell)
-        lines.append(f"| {method} | " + " | ".join(row) + " |")
-    return "\n".join(lines)
+        rows.append(row)
+    return markdown_table(["method", *(f"step {s:,}" for s in steps)], rows)
 
 
 def length_section(runs: Mapping[Cell, Sequence[StudyRun]], sweep_dir: Path, lr: float) -> list[str]:

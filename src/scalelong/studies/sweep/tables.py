@@ -8,6 +8,7 @@ from collections.abc import Mapping, Sequence
 
 from scalelong.skips import method_order
 from scalelong.studies.divergence import causes, criteria
+from scalelong.studies.markdown import markdown_table
 from scalelong.studies.report import digit_headers, has_digits
 from scalelong.studies.statistics import fisher_p, fmt_ci, fmt_contrast, mean_ci, rate_interval
 from scalelong.studies.summary import Cell, CellSummary
@@ -121,9 +122,9 @@ def fig1_table(cells: Sequence[CellSummary]) -> str:
     depths = sorted({d for d, _ in at}, key=lambda d: d or 0)
     methods = sorted({m for _, m in at}, key=method_order)
     head = [f"depth {d}" if d is not None else "all" for d in depths]
-    lines = ["| method | " + " | ".join(head) + " |", "|---" * (len(head) + 1) + "|"]
+    rows = []
     for m in methods:
-        row = []
+        row = [m]
         for d in depths:
             c, ref = at.get((d, m)), at.get((d, "none"))
             if c is None:
@@ -131,8 +132,8 @@ def fig1_table(cells: Sequence[CellSummary]) -> str:
                 continue
             ratio = c.against(ref, "feature_norm", ratio=True) if ref is not None and m != "none" else None
             row.append(fmt_ci(c.values("feature_norm")) + (f" ({ratio.estimate:.2g}x none)" if ratio else ""))
-        lines.append(f"| {m} | " + " | ".join(row) + " |")
-    return "\n".join(lines)
+        rows.append(row)
+    return markdown_table(["method", *head], rows)
 
 
 # How to read a cause of the failures-by-cause tables.
