@@ -26,6 +26,7 @@ from scalelong.studies.sweep.basin import (
     basins,
     capped_error,
     largest_stable_lr,
+    left_out_note,
     lr_sensitivity,
 )
 from scalelong.training.config import load_config, save_config
@@ -382,3 +383,24 @@ def test_the_held_out_errors_the_basin_reads():
     broken = noise_record(20, math.nan)
     assert heldout_x0_error([*records, broken]) == math.inf  # logged, not finite
     assert math.isnan(initial_x0_error(records[1:]))
+
+
+class _LeftOut:
+    """A basin that reports the seeds its LR sensitivity left out, and nothing else."""
+
+    def __init__(self, method: str, left: dict):
+        self.method, self._left = method, left
+
+    def left_out(self, weights: str = "ema") -> dict:
+        return self._left
+
+
+def test_seeds_left_out_for_the_same_lrs_are_named_once():
+    """A paired test's 15 further seeds of `none` at one lr lack the same lrs: one clause, not 15."""
+    missing = {s: [0.01, 0.04] for s in range(5, 20)} | {0: [0.08]}
+    note = left_out_note([_LeftOut("none", missing), _LeftOut("cs", {3: [0.02]}), _LeftOut("ls", {})])
+    assert note == (
+        "Left out of the LR sensitivity: none seeds 5-19 (no value at lr 0.01, 0.04); "
+        "none seed 0 (no value at lr 0.08); cs seed 3 (no value at lr 0.02)."
+    )
+    assert left_out_note([_LeftOut("ls", {})]) == ""

@@ -396,12 +396,19 @@ def basin_table(found: Sequence[Basin], weights: str = "ema") -> str:
     return markdown_table(head, rows)
 
 
-def _left_out_note(found: Sequence[Basin], weights: str) -> str:
+def left_out_note(found: Sequence[Basin], weights: str = "ema") -> str:
+    """The seeds left out of the LR sensitivity, per method, those that lack the same lrs in one
+    clause: ``none seeds 5-19 (no value at lr 0.01, 0.04)``. Empty when none is left out."""
     notes = []
     for b in found:
+        lacking: dict[tuple[float, ...], list] = {}
         for seed, lrs in b.left_out(weights).items():
-            lacks = ", ".join(f"{lr:g}" for lr in lrs)
-            notes.append(f"{b.method} seed {seed} (no value at lr {lacks})")
+            lacking.setdefault(tuple(lrs), []).append(seed)
+        for lrs, seeds in lacking.items():
+            named = [s for s in seeds if s is not None]
+            which = f"seed {named[0]}" if len(named) == 1 else f"seeds {seed_list(frozenset(named))}"
+            which = which if named else "its run"
+            notes.append(f"{b.method} {which} (no value at lr {', '.join(f'{lr:g}' for lr in lrs)})")
     return "Left out of the LR sensitivity: " + "; ".join(notes) + "." if notes else ""
 
 
@@ -490,7 +497,7 @@ def basin_section(
         if depth is not None:
             parts.append(f"### Depth {depth}")
         parts.append(basin_table(mine))
-        if note := _left_out_note(mine, "ema"):
+        if note := left_out_note(mine, "ema"):
             parts.append(note)
         if len(comparisons(mine)) > 1:  # unequal seeds: the edge of each comparison they support
             parts += [EDGES_NOTE, edges_table(mine)]

@@ -13,6 +13,7 @@ import math
 from collections.abc import Sequence
 
 from scalelong.skips import method_order
+from scalelong.studies.markdown import markdown_table
 from scalelong.studies.statistics import Contrast, PairedOutcomes, contrast, fmt_contrast, paired_outcomes
 from scalelong.studies.summary import CellSummary
 
@@ -68,11 +69,14 @@ def x0_difference(cell: CellSummary, baseline: CellSummary) -> Contrast | None:
 def paired_table(cells: Sequence[CellSummary]) -> str:
     """One row per method and lr against ``none``: the paired 2x2 failure table, McNemar's p, and
     among the seeds where both trained the headroom ratio and the x0 difference."""
-    lines = [
-        "| depth | lr | method | shared seeds | both failed | only none failed | only method failed "
-        "| both trained | McNemar p | fp16 headroom / none (both trained) | x0 error - none (both trained) |",
-        "|---" * 11 + "|",
+    head = ["depth", "lr", "method", "shared seeds", "both failed", "only none failed", "only method failed"]
+    head += [
+        "both trained",
+        "McNemar p",
+        "fp16 headroom / none (both trained)",
+        "x0 error - none (both trained)",
     ]
+    rows = []
     for c, ref in pairs(cells):
         t = outcomes(c, ref)
         if not t.n:
@@ -80,8 +84,8 @@ def paired_table(cells: Sequence[CellSummary]) -> str:
         row = ["" if c.cell.depth is None else str(c.cell.depth), f"{c.cell.lr:g}", c.cell.method, str(t.n)]
         row += [str(t.both), str(t.only_baseline), str(t.only_method), str(t.neither), f"{t.p:.2g}"]
         row += [fmt_contrast(headroom_ratio(c, ref), unit="x"), fmt_contrast(x0_difference(c, ref))]
-        lines.append("| " + " | ".join(row) + " |")
-    return "\n".join(lines) if len(lines) > 2 else ""
+        rows.append(row)
+    return markdown_table(head, rows) if rows else ""
 
 
 def paired_section(cells: Sequence[CellSummary]) -> list[str]:
