@@ -501,27 +501,22 @@ def fp16_paired_sentence(method: str, lr: float) -> str:
 
 def edges_sentence(name: str = "lr-basin-fp16", seeds: tuple = (0, 1, 2, 3, 4)) -> str:
     """A study's edges on equal seeds, as the README says them: the comparison of its map.json's
-    ``edges`` on ``seeds`` with the most methods and lrs, each method's largest lr at which no seed
-    failed, as the report's table says it."""
+    ``edges`` on ``seeds`` with the most methods and lrs, each method's failures at each of its lrs,
+    then its largest lr at which no seed failed (``below`` the smallest where that one failed)."""
     rows = [e for e in study(name)[1]["edges"] if e["seeds"] == list(seeds)]
-    n = len(seeds)
     row = max(rows, key=lambda e: (len(e["methods"]), len(e["lrs"])))
-    said = []
+    lrs, n = row["lrs"], len(seeds)
+    counts, edges = [], []
     for m, edge in row["methods"].items():
         failed_at = {f["lr"]: f["failed"] for f in edge["failed"]}
+        counts.append(f"`{m}` " + " / ".join(str(failed_at[lr]) for lr in lrs))
         top = edge["largest_stable_lr"]
-        above = [lr for lr in row["lrs"] if top is None or lr > top]
-        if top is None:
-            said.append(f"`{m}` below {above[0]:g} ({failed_at[above[0]]}/{n} failed there)")
-        elif above:
-            said.append(f"`{m}` {top:g} ({failed_at[above[0]]}/{n} failed at {above[0]:g})")
-        else:
-            said.append(f"`{m}` {top:g}, the largest tried")
-    lrs = row["lrs"]
-    head = (
-        f"on seeds {seeds[0]}-{seeds[-1]} at {lrs[0]:g} to {lrs[-1]:g}, the largest lr where no seed failed: "
+        edges.append(f"`{m}` " + (f"below {lrs[0]:g}" if top is None else f"{top:g}"))
+    at = " / ".join(f"{lr:g}" for lr in lrs)
+    return (
+        f"on seeds {seeds[0]}-{seeds[-1]}, the runs that failed of {n} at {at}: {', '.join(counts)}; the "
+        f"largest lr where no seed failed, nor at a smaller one: {', '.join(edges)}"
     )
-    return head + ", ".join(said)
 
 
 def fp16_overflow_sites() -> str:
