@@ -13,6 +13,7 @@ from scalelong.studies.summary import Cell, CellSummary, SeedSummary, StudyRun
 from scalelong.studies.sweep import report_sweep
 from scalelong.studies.sweep.mapfile import agreement_section, read_map
 from scalelong.studies.sweep.paired import paired_json, paired_table
+from scalelong.studies.sweep.tables import seeds_table
 from scalelong.training.config import load_config
 
 FAILED = (Divergence("x0", 1200, "final held-out x0 error 0.3 is not below the mean image's 0.2"),)
@@ -169,3 +170,23 @@ def test_failures_are_counted_by_cause():
         "| 12 | 0.02 | none | x0 | 1/4 |",
     ]
     assert cause_section([CellSummary(Cell(12, 2e-2, "cs"), [SeedSummary(0)])]) == []
+
+
+def test_the_runs_are_listed_by_the_seeds_they_ran():
+    """A sweep of unequal seeds (seed 0 a cell, five around an edge, 20 for a paired test) says which
+    runs it holds: per set of seeds, the methods that ran exactly those and at which lrs."""
+
+    def ran(method, lr, seeds):
+        return CellSummary(Cell(12, lr, method), [SeedSummary(s) for s in seeds])
+
+    cells = [ran(m, lr, [0]) for m in ("cs-init", "none") for lr in (0.01, 0.04)]
+    cells += [ran(m, 0.02, range(20)) for m in ("merge-norm", "none")]
+    cells += [ran("cs", lr, range(5)) for lr in (0.01, 0.02)]
+    assert seeds_table(cells).splitlines() == [
+        "| depth | seeds | methods | lrs | runs |",
+        "|---|---|---|---|---|",
+        "| 12 | 0-19 | none, merge-norm | 0.02 | 40 |",
+        "| 12 | 0-4 | cs | 0.01, 0.02 | 10 |",
+        "| 12 | 0 | none, cs-init | 0.01, 0.04 | 4 |",
+    ]
+    assert seeds_table([ran("none", 0.01, range(5)), ran("cs", 0.02, range(5))]) == ""

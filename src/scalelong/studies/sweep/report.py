@@ -18,7 +18,7 @@ from scalelong.studies.sweep.figures import draw_map, fig1_section, figure_lr
 from scalelong.studies.sweep.length import length_section
 from scalelong.studies.sweep.mapfile import write_map_json
 from scalelong.studies.sweep.paired import paired_section
-from scalelong.studies.sweep.tables import cause_section, cell_table, gap_table, stability_table
+from scalelong.studies.sweep.tables import cause_section, cell_table, gap_table, seeds_table, stability_table
 from scalelong.training.config import Config
 
 
@@ -90,6 +90,8 @@ def write_sweep_report(
     ]
     if runs is not None:
         parts += provenance_section(runs)
+    if held := seeds_table(cells):
+        parts += ["The cells ran different seeds; the runs, by the seeds they ran:", held]
     if min(seeds, default=0) < 5:
         parts.append(seeds_note(min(seeds, default=0)))
     if has_digits(*(c.values("confident") for c in cells)):

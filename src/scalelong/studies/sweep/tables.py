@@ -13,6 +13,7 @@ from scalelong.studies.report import digit_headers, has_digits
 from scalelong.studies.statistics import fisher_p, fmt_ci, fmt_contrast, mean_ci, rate_interval
 from scalelong.studies.summary import Cell, CellSummary
 from scalelong.studies.sweep.basin import Basin, basins
+from scalelong.studies.sweep.edges import seed_list
 
 
 def _finite_or_inf(x: float) -> float:
@@ -170,3 +171,24 @@ def cause_section(cells: Sequence[CellSummary]) -> list[str]:
     if not table:
         return []
     return ["## Failures by cause", CAUSES_READ, table]
+
+
+def seeds_table(cells: Sequence[CellSummary]) -> str:
+    """Which runs the sweep holds when its cells ran different seeds: one row per depth, set of seeds
+    and set of methods, with the lrs at which those methods ran exactly those seeds and the number of
+    runs. Empty when every cell ran the same seeds."""
+    if len({frozenset(c.seeds) for c in cells}) < 2:
+        return ""
+    methods_at: dict[tuple, dict[float, list[str]]] = {}
+    for c in cells:
+        key = (c.cell.depth, frozenset(c.seeds))
+        methods_at.setdefault(key, {}).setdefault(c.cell.lr, []).append(c.cell.method)
+    rows = []
+    for depth, seeds in sorted(methods_at, key=lambda k: (k[0] or 0, -len(k[1]), sorted(k[1]))):
+        lrs_of: dict[tuple[str, ...], list[float]] = {}
+        for lr, ms in sorted(methods_at[depth, seeds].items()):
+            lrs_of.setdefault(tuple(sorted(ms, key=method_order)), []).append(lr)
+        for ms, lrs in lrs_of.items():
+            row = ["" if depth is None else str(depth), seed_list(seeds), ", ".join(ms)]
+            rows.append(row + [", ".join(f"{lr:g}" for lr in lrs), str(len(seeds) * len(ms) * len(lrs))])
+    return markdown_table(["depth", "seeds", "methods", "lrs", "runs"], rows)
