@@ -132,6 +132,9 @@ def test_a_run_stopped_by_an_overflow_names_the_module_step_and_value(tmp_path, 
     assert cause.startswith(f"{where} in forward at out_blocks.0.skip_linear (step 6: |value| ")
     assert "on the logged steps before)" in cause  # diagnostics every 2 steps: steps 2 and 4 seen
     assert stop.value.cause == cause and f"the last: {cause}" in str(stop.value)
+    # what to try, by the cause: the merge's overflow fits in bf16, and a norm after each merge bounds it
+    assert ("model.skip.method=merge-norm" in str(stop.value)) == (precision == "fp16")
+    assert ("train.mixed_precision=no" in str(stop.value)) == (precision == "no")
     from scalelong.studies.divergence import cause as cause_of
     from scalelong.studies.divergence import divergence
 

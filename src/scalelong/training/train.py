@@ -111,6 +111,21 @@ class TrainState:
             setattr(self, name, value)
 
 
+def what_to_try(cause: str) -> str:
+    """What to change after a run stopped on non-finite steps, by the cause of the last one
+    (:meth:`Trainer.locate`): an fp16 overflow in forward fits in bf16's range, and one at a long
+    skip's merge is what a LayerNorm after each merge bounded in the fp16 lr basin."""
+    if not cause.startswith("fp16 overflow in forward"):
+        return "lower optim.lr, set train.grad_clip or use train.mixed_precision=no"
+    said = "lower optim.lr, or train in bf16 (train.mixed_precision=bf16, fp32's range)"
+    if ".skip_linear " in cause:  # the merge of a long skip into the decoder stream
+        said += (
+            "; at a long skip's merge, model.skip.method=merge-norm (a LayerNorm after each merge) "
+            "kept fp16 training alive where plain skips overflowed (docs/studies.md, the basin in fp16)"
+        )
+    return said
+
+
 class Draws(NamedTuple):
     """The random draws of one step, for this process's slice of the global batch."""
 
@@ -729,8 +744,8 @@ class Trainer:
         streak, limit = self.state.nonfinite_streak, self.cfg.train.max_nonfinite_steps
         return TrainingStopped(
             f"training stopped at step {step}: {streak} steps in a row had a non-finite loss or gradient "
-            f"(train.max_nonfinite_steps={limit}; the last: {self.state.last_skipped}); lower optim.lr, set "
-            f"train.grad_clip or use train.mixed_precision=no; {self.run} keeps the last good checkpoint",
+            f"(train.max_nonfinite_steps={limit}; the last: {self.state.last_skipped}); "
+            f"{what_to_try(self.state.last_skipped)}; {self.run} keeps the last good checkpoint",
             step,
             cause=self.state.last_skipped,
         )
