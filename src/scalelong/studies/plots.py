@@ -361,7 +361,7 @@ class BasinPoint:
 
 _BASIN_MARKERS = {  # kind -> (marker, size, legend entry); ok points carry no legend entry
     "ok": ("o", 16, ""),
-    "diverged": ("x", 42, "failed: drawn at the cap"),
+    "diverged": ("x", 42, "failed: at min(error, cap)"),
     "capped": ("v", 30, "worse than untrained: at the cap"),
 }
 
@@ -423,7 +423,8 @@ def basin_figure(
     One panel per depth, shallow to deep, left to right; the lr on a log x-axis shared by every
     panel, ticks at the lrs trained. In each panel one line per method, one colour per method in
     every panel: the mean over the seeds at each lr of their values; each seed a point, a
-    diverged run an x, a run worse than the untrained model a triangle (both drawn at the cap);
+    failed run an x at min(error, cap) (an error it did not log: the cap), a run that trained but
+    ended worse than the untrained model a triangle at the cap;
     a dotted line per method at its cap (the mean over its runs). ``log`` None: log y-axes when
     the values span decades."""
     from matplotlib.ticker import NullLocator

@@ -268,7 +268,7 @@ def test_the_figure_has_one_panel_per_depth_and_one_line_per_method():
         "none",
         "cs",
         "untrained model (the cap)",
-        "failed: drawn at the cap",
+        "failed: at min(error, cap)",
         "worse than untrained: at the cap",
     ]
     # with the trained weights: a second row of panels, one per depth again
