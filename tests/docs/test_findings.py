@@ -302,7 +302,7 @@ def test_the_fp16_basin_as_quoted():
     precisions = {r["provenance"]["precision"] for c in runs["cells"] for r in c["runs"]}
     assert precisions == {"fp16"}
     assert_quoted("docs/studies.md", fp16_sentence())
-    assert_quoted("docs/studies.md", fp16_five_seed_sentence())
+    assert_quoted("docs/studies.md", five_seed_sentence())
 
 
 def fp16_magnitude_sentence(lr: float = 0.006, name: str = "lr-basin-fp16") -> str:
@@ -387,10 +387,10 @@ def _and(items: list[str]) -> str:
     return ", ".join(items[:-1]) + " and " + items[-1] if len(items) > 1 else "".join(items)
 
 
-def fp16_five_seed_sentence() -> str:
-    """Studies' fp16 answer on five seeds: one clause per lr where `none` and another method ran five
-    or more seeds in fp16."""
-    cells = study("lr-basin-fp16")[0]
+def five_seed_sentence(name: str = "lr-basin-fp16", precision: str = "fp16") -> str:
+    """A basin's answer on five seeds (Studies): one clause per lr where `none` and another method ran
+    five or more seeds (:func:`lr_clause`), beside the first bf16 basin."""
+    cells = study(name)[0]
     lrs = sorted(  # where `none` and another method ran five seeds or more
         lr
         for lr in {k[1] for k in cells}
@@ -398,14 +398,14 @@ def fp16_five_seed_sentence() -> str:
         and cells.get((12, lr, "none")) is not None
         and cells[12, lr, "none"].count >= 5
     )
-    return "; ".join(fp16_lr_clause(cells, lr) for lr in lrs)
+    return "; ".join(lr_clause(cells, lr, precision) for lr in lrs)
 
 
-def fp16_lr_clause(cells, lr: float) -> str:
-    """At one lr: each method's fp16 failures k/n with McNemar's p against `none` (paired by seed),
-    where the failures overflowed, and how bf16 did on the same runs (the methods it ran on five or
-    more of them); on the seeds every method there ran (a paired test's further seeds of two methods
-    are its own finding)."""
+def lr_clause(cells, lr: float, precision: str = "fp16") -> str:
+    """At one lr: each method's failures k/n in ``precision`` with McNemar's p against `none` (paired
+    by seed), where fp16's failures overflowed, and how the first bf16 basin did on the same runs (the
+    methods it ran on five or more of them); on the seeds every method there ran (a paired test's
+    further seeds of two methods are its own finding)."""
     at = {k[2]: c for k, c in cells.items() if k[1] == lr and c.count >= 5}
     shared = set.intersection(*({r.seed for r in c.runs} for c in at.values()))
     at = {m: CellSummary(c.cell, [r for r in c.runs if r.seed in shared], c.metric) for m, c in at.items()}
@@ -435,7 +435,9 @@ def fp16_lr_clause(cells, lr: float) -> str:
     overflowing = [
         m
         for m in methods
-        if failed(m) and all(overflowed(fp16[k]) for k in fp16 if k[2] == m and fp16[k].breaks)
+        if precision == "fp16"
+        and failed(m)
+        and all(overflowed(fp16[k]) for k in fp16 if k[2] == m and fp16[k].breaks)
     ]
     modules = sorted(
         {
@@ -445,7 +447,8 @@ def fp16_lr_clause(cells, lr: float) -> str:
         }
     )
     others = [m for m in methods if failed(m) and m not in overflowing]
-    bf16 = by_run(study("lr-basin")[0].values())
+    bf16 = by_run(study("lr-basin")[0].values())  # the first bf16 basin
+    other = "bf16" if precision == "fp16" else "the first bf16 basin"
     shared = {m: [k for k in fp16 if k[2] == m and k in bf16] for m in methods}
     bf16_counts = [
         f"`{m}` {sum(bool(bf16[k].breaks) for k in ks)}/{len(ks)}" for m, ks in shared.items() if len(ks) >= 5
@@ -453,7 +456,7 @@ def fp16_lr_clause(cells, lr: float) -> str:
     causes = sorted({b.criterion for m in others for k in fp16 if k[2] == m for b in fp16[k].breaks})
     where = " or ".join(f"`{module}`" for module in modules)
     return (
-        f"at {lr:g} on seeds {seeds[0]}-{seeds[-1]}, fp16 failed {', '.join(counts)}"
+        f"at {lr:g} on seeds {seeds[0]}-{seeds[-1]}, {precision} failed {', '.join(counts)}"
         + (
             f"; every failure of {_and([f'`{m}`' for m in overflowing])} was an fp16 overflow in forward at "
             f"{where}"
@@ -465,7 +468,7 @@ def fp16_lr_clause(cells, lr: float) -> str:
             if others
             else ""
         )
-        + (f"; bf16 failed {' and '.join(bf16_counts)} of the same runs" if bf16_counts else "")
+        + (f"; {other} failed {' and '.join(bf16_counts)} of the same runs" if bf16_counts else "")
     )
 
 
