@@ -289,7 +289,7 @@ def fp16_sentence() -> str:
     predicted = {k for k in shared if bf16[k].fp16_headroom < 1}
     over = {k for k in shared if overflowed(fp16[k])}
     return (
-        f"{len(fp16)} runs so far, {len(shared)} of them also in the bf16 basin (the same lr, method and "
+        f"{len(fp16)} runs, {len(shared)} of them also in the bf16 basin (the same lr, method and "
         f"seed); on those fp16 failed {sum(bool(fp16[k].breaks) for k in shared)} and bf16 "
         f"{sum(bool(bf16[k].breaks) for k in shared)}; bf16's least fp16 headroom was below 1 in "
         f"{len(predicted)} of them and {len(over)} overflowed in forward in fp16 "
