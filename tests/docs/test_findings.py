@@ -421,7 +421,8 @@ def lr_clause(cells, lr: float, precision: str = "fp16") -> str:
         text = f"`{m}` {len(failed(m))}/{at[m].count}"
         if m != "none":
             p = format(outcomes(at[m], at["none"]).p, ".2g")
-            notes = [f"the same seed{'s' * (len(failed(m)) > 1)}"] if failed(m) == failed("none") else []
+            same = failed(m) == failed("none") and failed(m)  # both failed, on the same seeds
+            notes = [f"the same seed{'s' * (len(failed(m)) > 1)}"] if same else []
             if rescued := len(failed("none") - failed(m)):
                 of = len(failed("none"))
                 notes.append(
