@@ -387,6 +387,20 @@ def _and(items: list[str]) -> str:
     return ", ".join(items[:-1]) + " and " + items[-1] if len(items) > 1 else "".join(items)
 
 
+def overflow_sites(run) -> list[str]:
+    """The modules a run's failure or last skipped step says overflowed in forward (``[]``: none named)."""
+    said = (cause(run.breaks[0]) if run.breaks else "") + " " + run.last_skipped
+    return sorted(set(re.findall(r"forward at (\S+)", said)))
+
+
+def paired_verdict(row: dict) -> tuple[int, int, bool]:
+    """A map.json ``paired`` row read by the criterion stated before the runs: `none`'s failures, the
+    method's, and whether that is a rescue (fewer failures than `none`, McNemar p < 0.05)."""
+    none_failed = row["both_failed"] + row["only_none_failed"]
+    method_failed = row["both_failed"] + row["only_method_failed"]
+    return none_failed, method_failed, row["mcnemar_p"] < 0.05 and method_failed < none_failed
+
+
 def five_seed_sentence(name: str = "lr-basin-fp16", precision: str = "fp16") -> str:
     """A basin's answer on five seeds (Studies): one clause per lr where `none` and another method ran
     five or more seeds (:func:`lr_clause`), beside the first bf16 basin."""
@@ -441,11 +455,7 @@ def lr_clause(cells, lr: float, precision: str = "fp16") -> str:
         and all(overflowed(fp16[k]) for k in fp16 if k[2] == m and fp16[k].breaks)
     ]
     modules = sorted(
-        {
-            re.search(r"forward at (\S+)", fp16[k].last_skipped).group(1)
-            for k in fp16
-            if k[2] in overflowing and fp16[k].breaks
-        }
+        {site for k in fp16 if k[2] in overflowing and fp16[k].breaks for site in overflow_sites(fp16[k])}
     )
     others = [m for m in methods if failed(m) and m not in overflowing]
     bf16 = by_run(study("lr-basin")[0].values())  # the first bf16 basin
@@ -480,10 +490,10 @@ def fp16_paired_sentence(method: str, lr: float) -> str:
     n, both, only_none, only_m = (
         row[k] for k in ("shared_seeds", "both_failed", "only_none_failed", "only_method_failed")
     )
-    failed_none, failed_m = both + only_none, both + only_m
+    failed_none, failed_m, rescued = paired_verdict(row)
     if n < 20:
         status = "the test is read at 20 seeds"
-    elif row["mcnemar_p"] < 0.05 and failed_m < failed_none:
+    elif rescued:
         status = "a rescue by the criterion stated before the runs"
     else:
         status = "no rescue by the criterion stated before the runs"
@@ -537,8 +547,7 @@ def fp16_overflow_at() -> dict[str, dict[str, list]]:
     for k, r in by_run(study("lr-basin-fp16")[0].values()).items():
         if not overflowed(r):
             continue
-        said = (cause(r.breaks[0]) if r.breaks else "") + " " + r.last_skipped
-        for site in sorted(set(re.findall(r"forward at (\S+)", said))) or [""]:
+        for site in overflow_sites(r) or [""]:
             at.setdefault(k[2], {}).setdefault(site, []).append(k)
     return at
 
@@ -591,13 +600,11 @@ def fp16_paired_answer() -> str:
     (fewer failures than `none` and p < 0.05), then `cs`'s headroom where both trained."""
     clauses, verdicts, headroom = [], {}, []
     for lr, rows in fp16_paired_rows().items():
-        none_failed = rows[0]["both_failed"] + rows[0]["only_none_failed"]
-        counts = [f"`none` failed {none_failed}/20"]
+        counts = [f"`none` failed {paired_verdict(rows[0])[0]}/20"]
         for i, r in enumerate(rows):
-            failed_m = r["both_failed"] + r["only_method_failed"]
+            _, failed_m, rescued = paired_verdict(r)
             p = format(r["mcnemar_p"], ".2g")
             counts.append(f"`{r['method']}` {failed_m}/20 ({'McNemar ' * (i == 0)}p = {p})")
-            rescued = r["mcnemar_p"] < 0.05 and failed_m < none_failed
             verdicts.setdefault((r["method"], rescued), []).append(f"{lr:g}")
             h = r["fp16_headroom_ratio"]
             if h["low"] is not None and r["both_trained"] >= 5:
@@ -664,9 +671,7 @@ def test_the_fp16_basin_in_the_readme():
     assert_quoted("README.md", answer[0].upper() + answer[1:] + ". " + FP16_VERDICT)
     for lr, rows in fp16_paired_rows().items():
         for row in rows:
-            failed_none = row["both_failed"] + row["only_none_failed"]
-            failed_m = row["both_failed"] + row["only_method_failed"]
-            rescued = row["mcnemar_p"] < 0.05 and failed_m < failed_none
+            failed_none, failed_m, rescued = paired_verdict(row)
             assert rescued == (row["method"] == "merge-norm"), (row["method"], lr)  # as FP16_VERDICT says
             if row["method"] == "cs" and row["both_trained"] >= 5:  # "about twice the headroom"
                 assert 1.5 <= row["fp16_headroom_ratio"]["estimate"] <= 2.5

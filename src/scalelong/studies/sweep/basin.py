@@ -405,9 +405,8 @@ def left_out_note(found: Sequence[Basin], weights: str = "ema") -> str:
         for seed, lrs in b.left_out(weights).items():
             lacking.setdefault(tuple(lrs), []).append(seed)
         for lrs, seeds in lacking.items():
-            named = [s for s in seeds if s is not None]
-            which = f"seed {named[0]}" if len(named) == 1 else f"seeds {seed_list(frozenset(named))}"
-            which = which if named else "its run"
+            named = frozenset(s for s in seeds if s is not None)
+            which = f"seed{'s' * (len(named) > 1)} {seed_list(named)}" if named else "its run"
             notes.append(f"{b.method} {which} (no value at lr {', '.join(f'{lr:g}' for lr in lrs)})")
     return "Left out of the LR sensitivity: " + "; ".join(notes) + "." if notes else ""
 
