@@ -105,6 +105,9 @@ def _partial_report(cfgs, report: Path) -> int:
     done = actions.pop("reuse", 0)
     print(f"report: {report}")
     print(f"        {report.with_suffix('.html')}")
+    if not done and not (report.parent / "runs").is_dir():  # a study's folder kept without its runs
+        print(f"made from {report.parent / 'map.json'}: none of the {len(cfgs)} runs' folders is here")
+        return 0
     rest = ", ".join(f"{n} {a}" for a, n in sorted(actions.items()))
     print(f"{done} of {len(cfgs)} runs finished" + (f"; the others: {rest}" if rest else ""))
     return 0

@@ -6,6 +6,8 @@ import math
 
 import pytest
 
+from scalelong.cli import main
+from scalelong.errors import ScaleLongError
 from scalelong.studies.divergence import Divergence
 from scalelong.studies.provenance import cell_provenance, provenance_section
 from scalelong.studies.statistics import paired_outcomes
@@ -115,6 +117,45 @@ def test_an_old_map_is_judged_again_and_says_what_it_lacks(tmp_path, capsys):
     again = json.loads((tmp_path / "map.json").read_text())["cells"][0]
     assert again["recorded_criteria"] == OLD_ROW["diverged"]
     assert [bool(f) for f in again["failed"]] == [True, False, True]
+
+
+FIRST_ROW = {  # one cell of a map.json of the first format: a seed count, no held-out error
+    "depth": 16,
+    "lr": 0.015,
+    "method": "ls",
+    "seeds": 3,
+    "final_loss": [0.9, 0.2, 0.25],
+    "diverged": [
+        [{"criterion": "loss", "step": 200, "detail": "loss ends at 0.723"}],
+        [{"criterion": "feature_norm", "step": 175, "detail": "776 x its first"}],
+        [],
+    ],
+}
+
+
+def test_a_map_of_the_first_format_is_judged_by_its_loss_and_lists_its_failed_runs(tmp_path, capsys):
+    folder = tmp_path / "old-sweep"
+    folder.mkdir()
+    (folder / "map.json").write_text(json.dumps({"metric": "loss", "cells": [FIRST_ROW]}))
+    cells, lacking, _ = read_map(folder / "map.json")
+    assert lacking[-1] == "seed numbers (read as 0 to n-1)"
+    # no held-out error: the loss judges, feature growth (seed 1) no longer fails a run
+    assert cells[0].seeds == [0, 1, 2] and [bool(r.breaks) for r in cells[0].runs] == [True, False, False]
+    grid = ["--methods", "ls", "--lrs", "1.5e-2", "--depths", "16", "--seeds", "3", "--name", "old"]
+    assert main(["sweep", "stability", *grid, f"out_dir={tmp_path}", "--report-only"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert "seed numbers (read as 0 to n-1); reported without them" in out[0]
+    assert out[-1] == f"made from {folder / 'map.json'}: none of the 3 runs' folders is here"
+    report = (folder / "report.md").read_text()
+    failed = report.split("## Runs that failed")[1].strip().splitlines()
+    assert failed == ["- `d16-lr0.015-ls-seed0`: loss at step 200: loss ends at 0.723"]
+
+
+def test_an_incomplete_map_is_one_line_naming_the_file(tmp_path):
+    row = {k: v for k, v in FIRST_ROW.items() if k != "seeds"}
+    (tmp_path / "map.json").write_text(json.dumps({"metric": "loss", "cells": [row]}))
+    with pytest.raises(ScaleLongError, match=r"map\.json: a cell of this map\.json is incomplete \(KeyError"):
+        read_map(tmp_path / "map.json")
 
 
 def run(seed, commit, precision, argv=("scalelong", "sweep", "stability")):

@@ -6,8 +6,9 @@ travels with the report. :func:`read_map` turns every cell of one back into a
 :class:`~scalelong.studies.summary.CellSummary` and judges each run again by today's failure rule
 (:mod:`scalelong.studies.divergence`) from the numbers the file holds: (a) from the criteria it
 recorded, (x0) from its held-out x0 error and the mean image's. A file of an older format lacks
-columns (provenance, time series, feature growth); :func:`read_map` names them, so the report says
-what it cannot show. :func:`agreement_section` sets the verdicts the file recorded beside today's.
+columns (provenance, time series, feature growth; the first format even the seed numbers);
+:func:`read_map` names them, so the report says what it cannot show. :func:`agreement_section`
+sets the verdicts the file recorded beside today's.
 """
 
 from __future__ import annotations
@@ -187,30 +188,40 @@ def read_map(path: Path) -> tuple[list[CellSummary], list[str], dict[tuple, list
     ]
     if rows and not (path.parent / "runs.json").is_file():
         lacking.insert(0, "per-run provenance and time series (no runs.json)")
+    if any("seed" not in row for row in rows):
+        # the first format counted a cell's seeds only; `--seeds n` has always run seeds 0 to n-1
+        lacking.append("seed numbers (read as 0 to n-1)")
     recorded_by_run: dict[tuple, list[str]] = {}
     cells = []
-    for row in rows:
-        cell = Cell(row["depth"], float(row["lr"]), row["method"])
-        # the verdicts recorded when the runs were made: kept as such when the map is written again
-        recorded = (
-            row.get("recorded_criteria")
-            or row.get("diverged")
-            or row.get("failed")
-            or [[] for _ in row["seed"]]
-        )
-        seeds = []
-        for i, s in enumerate(row["seed"]):
-            values = {field: _value(row[col][i]) for col, field in COLUMNS.items() if col in row}
-            text = {field: str(row[col][i] or "") for col, field in TEXT_COLUMNS.items() if col in row}
-            if metric == "fd" and "final_fd" in row:
-                values["final_fd"] = _value(row["final_fd"][i])
-            breaks = judge(
-                recorded[i], values.get("x0_error", math.nan), values.get("x0_mean_image", math.nan)
-            )
-            seeds.append(SeedSummary(seed=s, breaks=breaks, **values, **text))
-            recorded_by_run[(cell.depth, cell.lr, cell.method, s)] = list(recorded[i])
-        cells.append(CellSummary(cell, seeds, metric))
+    try:
+        for row in rows:
+            cells.append(_cell(row, metric, recorded_by_run))
+    except (KeyError, IndexError, TypeError, ValueError) as e:
+        raise ScaleLongError(
+            f"{path}: a cell of this map.json is incomplete ({type(e).__name__}: {e}); "
+            "write it again with scalelong sweep"
+        ) from None
     return cells, lacking, recorded_by_run
+
+
+def _cell(row: Mapping, metric: str, recorded_by_run: dict[tuple, list[str]]) -> CellSummary:
+    """One cell of a map.json, its runs judged by today's rule; records each run's recorded verdict."""
+    cell = Cell(int(row["depth"]), float(row["lr"]), str(row["method"]))
+    seed_numbers = row["seed"] if "seed" in row else list(range(int(row["seeds"])))
+    # the verdicts recorded when the runs were made: kept as such when the map is written again
+    recorded = (
+        row.get("recorded_criteria") or row.get("diverged") or row.get("failed") or [[] for _ in seed_numbers]
+    )
+    seeds = []
+    for i, s in enumerate(seed_numbers):
+        values = {field: _value(row[col][i]) for col, field in COLUMNS.items() if col in row}
+        text = {field: str(row[col][i] or "") for col, field in TEXT_COLUMNS.items() if col in row}
+        if metric == "fd" and "final_fd" in row:
+            values["final_fd"] = _value(row["final_fd"][i])
+        breaks = judge(recorded[i], values.get("x0_error", math.nan), values.get("x0_mean_image", math.nan))
+        seeds.append(SeedSummary(seed=s, breaks=breaks, **values, **text))
+        recorded_by_run[(cell.depth, cell.lr, cell.method, s)] = list(recorded[i])
+    return CellSummary(cell, seeds, metric)
 
 
 def agreement_section(cells: Sequence[CellSummary], recorded: Mapping[tuple, list[dict]]) -> list[str]:

@@ -127,6 +127,10 @@ def write_sweep_report(
         if broken:
             parts += ["## Runs that failed", "\n".join(broken)]
         write_runs_json(base, runs, sweep_dir / "runs.json")
+    else:  # from map.json: each failed run with today's verdict on it, as a run's folder would give it
+        broken = [f"- `{c.cell.name(r.seed)}`: {d}" for c in cells for r in c.runs for d in r.breaks]
+        if broken:
+            parts += ["## Runs that failed", "\n".join(broken)]
     record = beside_record(beside, sweep_dir) if beside is not None else None
     write_map_json(cells, sweep_dir / "map.json", key, found, recorded, record)
     report = write_markdown_report("\n\n".join(parts) + "\n", sweep_dir, "ScaleLong stability map")
