@@ -264,7 +264,8 @@ def agreement_section(cells: Sequence[CellSummary], recorded: Mapping[tuple, lis
         "## Today's rule against the verdicts recorded",
         f"The {len(pairs)} runs of this map as judged when they were made, (a) non-finite, (b) the loss "
         "against the input-free loss, (c) the hidden-feature norm past 100x its first logged value, "
-        "beside today's one rule (non-finite, or a final held-out x0 error not below the mean image's).",
+        "beside today's one rule (non-finite, or a final held-out x0 error not below the mean image's; "
+        "(b) where a run logged no held-out error).",
         "\n".join(lines),
     ]
     if differ:
