@@ -151,6 +151,7 @@ def test_todays_rule_keeps_every_verdict_of_the_depth_studies():
         for key, c in cells.items():
             for r in c.runs:
                 assert bool(r.breaks) == bool(recorded[(*key, r.seed)]), (name, key, r.seed)
+        assert_quoted(f"docs/results/{name}/report.md", "gives every run here the same verdict")
     counts = {(d, m): failed("depth-study", d, 0.02, m) for d in (12, 32) for m in ("none", "cs")}
     assert (counts[32, "none"], counts[32, "cs"]) == (1, 1)  # depth 32 ran one seed: both broke
     assert_quoted(

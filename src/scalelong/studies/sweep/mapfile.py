@@ -191,7 +191,7 @@ def read_map(path: Path) -> tuple[list[CellSummary], list[str], dict[tuple, list
     if any("seed" not in row for row in rows):
         # the first format counted a cell's seeds only; `--seeds n` has always run seeds 0 to n-1
         lacking.append("seed numbers (read as 0 to n-1)")
-    recorded_by_run: dict[tuple, list[str]] = {}
+    recorded_by_run: dict[tuple, list[dict]] = {}
     cells = []
     try:
         for row in rows:
@@ -204,7 +204,7 @@ def read_map(path: Path) -> tuple[list[CellSummary], list[str], dict[tuple, list
     return cells, lacking, recorded_by_run
 
 
-def _cell(row: Mapping, metric: str, recorded_by_run: dict[tuple, list[str]]) -> CellSummary:
+def _cell(row: Mapping, metric: str, recorded_by_run: dict[tuple, list[dict]]) -> CellSummary:
     """One cell of a map.json, its runs judged by today's rule; records each run's recorded verdict."""
     cell = Cell(int(row["depth"]), float(row["lr"]), str(row["method"]))
     seed_numbers = row["seed"] if "seed" in row else list(range(int(row["seeds"])))
