@@ -9,7 +9,7 @@ from __future__ import annotations
 import re
 from functools import cache
 
-from test_findings import RESULTS, assert_quoted
+from findings import RESULTS, assert_quoted
 
 from scalelong.studies.statistics import fisher_p, mean_ci
 from scalelong.studies.sweep.mapfile import read_map
