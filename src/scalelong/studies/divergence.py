@@ -55,11 +55,12 @@ class Divergence:
     """One criterion of :func:`divergence` that fired."""
 
     criterion: str  # nonfinite | x0 | loss
-    step: int  # where it showed
+    step: int | None  # where it showed (None: a map read back that does not say)
     detail: str  # one line, with the numbers
 
     def __str__(self) -> str:
-        return f"{self.criterion} at step {self.step}: {self.detail}"
+        where = "" if self.step is None else f" at step {self.step}"
+        return f"{self.criterion}{where}: {self.detail}"
 
 
 def _trailing_mean(values: Sequence[float], window: int) -> list[float]:

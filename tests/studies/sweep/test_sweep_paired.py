@@ -8,12 +8,12 @@ import pytest
 
 from scalelong.cli import main
 from scalelong.errors import ScaleLongError
-from scalelong.studies.divergence import Divergence
+from scalelong.studies.divergence import Divergence, cause
 from scalelong.studies.provenance import cell_provenance, provenance_section
 from scalelong.studies.statistics import paired_outcomes
 from scalelong.studies.summary import Cell, CellSummary, SeedSummary, StudyRun
 from scalelong.studies.sweep import report_sweep
-from scalelong.studies.sweep.mapfile import agreement_section, read_map
+from scalelong.studies.sweep.mapfile import agreement_section, read_map, write_map_json
 from scalelong.studies.sweep.paired import paired_json, paired_table
 from scalelong.studies.sweep.tables import seeds_table
 from scalelong.training.config import load_config
@@ -155,6 +155,66 @@ def test_an_incomplete_map_is_one_line_naming_the_file(tmp_path):
     row = {k: v for k, v in FIRST_ROW.items() if k != "seeds"}
     (tmp_path / "map.json").write_text(json.dumps({"metric": "loss", "cells": [row]}))
     with pytest.raises(ScaleLongError, match=r"map\.json: a cell of this map\.json is incomplete \(KeyError"):
+        read_map(tmp_path / "map.json")
+
+
+TODAY_ROW = {  # one cell of a map.json written under today's rule: no earlier verdicts to set beside
+    "depth": None,  # a backbone without a U-ViT depth
+    "lr": 0.02,
+    "method": "cs",
+    "seeds": 2,
+    "seed": [0, 1],
+    "final_loss": [0.3, 0.2],
+    "heldout_x0_error": [0.26, 0.15],
+    "x0_mean_image": [0.204, 0.204],
+    "failed": [
+        [
+            {
+                "criterion": "x0",
+                "step": 1200,
+                "detail": "final held-out x0 error 0.26 is not below the mean image's 0.204; the loss "
+                "collapsed at step 700 (from its lowest 0.1 to 0.5; it ended at 0.6)",
+            }
+        ],
+        [],
+    ],
+}
+
+
+def test_a_map_written_today_keeps_its_causes_and_sets_no_rule_beside_itself(tmp_path):
+    (tmp_path / "map.json").write_text(json.dumps({"metric": "loss", "cells": [TODAY_ROW]}))
+    cells, _, recorded = read_map(tmp_path / "map.json")
+    assert cells[0].cell.depth is None and recorded == {} and agreement_section(cells, recorded) == []
+    (failure,) = cells[0].runs[0].breaks
+    assert (failure.step, cause(failure)) == (1200, "x0 after a loss collapse")
+    assert not cells[0].runs[1].breaks
+    write_map_json(cells, tmp_path / "again.json", "loss")
+    assert "recorded_criteria" not in json.loads((tmp_path / "again.json").read_text())["cells"][0]
+
+
+def test_a_held_out_error_without_a_mean_image_is_judged_by_the_loss(tmp_path):
+    row = {**FIRST_ROW, "heldout_x0_error": [0.3, 0.15, 0.2]}  # logged before the mean image was
+    (tmp_path / "map.json").write_text(json.dumps({"metric": "loss", "cells": [row]}))
+    cells, _, _ = read_map(tmp_path / "map.json")
+    assert [[b.criterion for b in r.breaks] for r in cells[0].runs] == [["loss"], [], []]
+
+
+def test_a_map_read_back_keeps_its_metric_whatever_the_config_evaluates(tmp_path, capsys):
+    (tmp_path / "map.json").write_text(json.dumps({"metric": "loss", "cells": [FIRST_ROW]}))
+    base = load_config("demo_uvit", [])
+    assert base.eval.every > 0  # a config that would score FD
+    report = report_sweep(base, tmp_path).read_text()
+    again = json.loads((tmp_path / "map.json").read_text())
+    assert again["metric"] == "loss" and again["cells"][0]["final_loss"] == FIRST_ROW["final_loss"]
+    assert "The colour is the final loss" in report and "FD" not in report.split("\n\n")[1]
+
+
+@pytest.mark.parametrize("cells", [{"a": 1}, [1, 2], [{**FIRST_ROW, "seeds": "five"}]])
+def test_a_map_of_the_wrong_shape_is_one_line(tmp_path, cells):
+    (tmp_path / "map.json").write_text(json.dumps({"metric": "loss", "cells": cells}))
+    with pytest.raises(
+        ScaleLongError, match=r"map\.json: (not a sweep's map\.json|a cell of this map\.json)"
+    ):
         read_map(tmp_path / "map.json")
 
 

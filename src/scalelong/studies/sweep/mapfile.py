@@ -139,52 +139,58 @@ def _value(x: object) -> float:
     return float(x) if isinstance(x, (int, float)) else math.nan
 
 
-def judge(recorded: Sequence[Mapping], x0: float, mean_image: float) -> tuple[Divergence, ...]:
-    """Today's verdict on one run from a map's numbers: (a) where the recorded criteria say it ended
-    non-finite; (x0) where its held-out x0 error is missing (a map writes a non-finite error as null)
-    or not below the mean image's; a run whose map has no held-out error keeps its recorded loss
-    criterion."""
-    found = [
-        Divergence(d["criterion"], int(d["step"]), d["detail"])
-        for d in recorded
-        if d["criterion"] == "nonfinite"
-    ]
+def _divergence(d: Mapping) -> Divergence:
+    return Divergence(d["criterion"], None if d.get("step") is None else int(d["step"]), d["detail"])
+
+
+def judge(
+    said: Sequence[Mapping], written: Sequence[Mapping], x0: float, mean_image: float
+) -> tuple[Divergence, ...]:
+    """Today's verdict on one run from a map's numbers. ``said``: the verdicts the map holds for it
+    (recorded under an earlier rule, else today's as written); ``written``: today's as written. (a)
+    where ``said`` has it end non-finite; (x0) where its held-out x0 error is missing (a map writes a
+    non-finite error as null) or not below the mean image's, with the step and cause the map wrote
+    for it where it wrote one (a loss collapse on the way); a run whose map has no held-out error, or
+    no mean image to judge it by, keeps its loss criterion."""
+    found = tuple(_divergence(d) for d in said if d["criterion"] == "nonfinite")
     if found:
-        return tuple(found)
-    step = max((int(d["step"]) for d in recorded), default=0)
-    if math.isnan(x0) and math.isnan(mean_image):  # no held-out error in this study: the loss judges
-        return tuple(
-            Divergence(d["criterion"], int(d["step"]), d["detail"])
-            for d in recorded
-            if d["criterion"] == "loss"
-        )
+        return found
+    if math.isnan(mean_image):  # no held-out error to judge by in this study: the loss judges
+        return tuple(_divergence(d) for d in said if d["criterion"] == "loss")
+    if x0 < mean_image:
+        return ()
+    kept = [_divergence(d) for d in written if d["criterion"] == "x0"]
+    if kept:
+        return (kept[0],)
+    step = max((int(d["step"]) for d in said if d.get("step") is not None), default=None)
     if math.isnan(x0):
         return (Divergence("x0", step, "its final held-out x0 error is not finite"),)
-    if math.isfinite(mean_image) and not x0 < mean_image:
-        return (
-            Divergence(
-                "x0", step, f"final held-out x0 error {x0:.3g} is not below the mean image's {mean_image:.3g}"
-            ),
-        )
-    return ()
+    return (
+        Divergence(
+            "x0", step, f"final held-out x0 error {x0:.3g} is not below the mean image's {mean_image:.3g}"
+        ),
+    )
 
 
 def read_map(path: Path) -> tuple[list[CellSummary], list[str], dict[tuple, list[dict]]]:
     """The cells of ``path`` (a sweep's map.json) with today's verdicts, the columns of today's
-    format it lacks (their labels), and per run (depth, lr, method, seed) the verdict recorded when
-    it was made (``recorded_criteria``, else the file's own verdicts)."""
+    format it lacks (their labels), and per run (depth, lr, method, seed) the verdict recorded under
+    an earlier rule (``recorded_criteria``, or the first formats' ``diverged``; none for a map written
+    under today's rule)."""
     try:
         data = json.loads(path.read_text())
         rows = data["cells"]
         metric = data.get("metric", "loss")
-    except (OSError, ValueError, KeyError, TypeError) as e:
+        if not isinstance(rows, list) or not all(isinstance(row, dict) for row in rows):
+            raise TypeError("its cells are not a list of objects")
+    except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:
         raise ScaleLongError(
             f"{path}: not a sweep's map.json ({type(e).__name__}: {e}); write it with scalelong sweep"
         ) from None
     lacking = [
         label
         for key, label in EXPECTED.items()
-        if rows and all(v is None for row in rows for v in row.get(key, [None]))
+        if rows and all(v is None for row in rows for v in (row.get(key) or [None]))
     ]
     if rows and not (path.parent / "runs.json").is_file():
         lacking.insert(0, "per-run provenance and time series (no runs.json)")
@@ -196,7 +202,7 @@ def read_map(path: Path) -> tuple[list[CellSummary], list[str], dict[tuple, list
     try:
         for row in rows:
             cells.append(_cell(row, metric, recorded_by_run))
-    except (KeyError, IndexError, TypeError, ValueError) as e:
+    except (KeyError, IndexError, TypeError, ValueError, AttributeError) as e:
         raise ScaleLongError(
             f"{path}: a cell of this map.json is incomplete ({type(e).__name__}: {e}); "
             "write it again with scalelong sweep"
@@ -205,22 +211,26 @@ def read_map(path: Path) -> tuple[list[CellSummary], list[str], dict[tuple, list
 
 
 def _cell(row: Mapping, metric: str, recorded_by_run: dict[tuple, list[dict]]) -> CellSummary:
-    """One cell of a map.json, its runs judged by today's rule; records each run's recorded verdict."""
-    cell = Cell(int(row["depth"]), float(row["lr"]), str(row["method"]))
+    """One cell of a map.json, its runs judged by today's rule; records each run's verdict of an
+    earlier rule, where the map kept one."""
+    cell = Cell(None if row["depth"] is None else int(row["depth"]), float(row["lr"]), str(row["method"]))
     seed_numbers = row["seed"] if "seed" in row else list(range(int(row["seeds"])))
-    # the verdicts recorded when the runs were made: kept as such when the map is written again
-    recorded = (
-        row.get("recorded_criteria") or row.get("diverged") or row.get("failed") or [[] for _ in seed_numbers]
-    )
+    # the verdicts recorded under an earlier rule: kept as such when the map is written again
+    earlier = row.get("recorded_criteria") or row.get("diverged")
+    written = row.get("failed") or [[] for _ in seed_numbers]  # today's, as the map wrote them
+    said = earlier or written
     seeds = []
     for i, s in enumerate(seed_numbers):
         values = {field: _value(row[col][i]) for col, field in COLUMNS.items() if col in row}
         text = {field: str(row[col][i] or "") for col, field in TEXT_COLUMNS.items() if col in row}
         if metric == "fd" and "final_fd" in row:
             values["final_fd"] = _value(row["final_fd"][i])
-        breaks = judge(recorded[i], values.get("x0_error", math.nan), values.get("x0_mean_image", math.nan))
+        breaks = judge(
+            said[i], written[i], values.get("x0_error", math.nan), values.get("x0_mean_image", math.nan)
+        )
         seeds.append(SeedSummary(seed=s, breaks=breaks, **values, **text))
-        recorded_by_run[(cell.depth, cell.lr, cell.method, s)] = list(recorded[i])
+        if earlier:
+            recorded_by_run[(cell.depth, cell.lr, cell.method, s)] = list(earlier[i])
     return CellSummary(cell, seeds, metric)
 
 

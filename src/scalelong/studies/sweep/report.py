@@ -75,6 +75,8 @@ def write_sweep_report(
     key, metric = (names.FD, f"FD ({base.eval.metric})") if base.eval.every > 0 else (names.LOSS, "loss")
     if cells is None:
         cells = summarise_cells(runs or {}, key)
+    elif cells and cells[0].metric != key:  # a map read back keeps its own metric, whatever the config says
+        key, metric = (names.FD, "FD") if cells[0].metric == names.FD else (names.LOSS, "loss")
     seeds = [c.count for c in cells]
     methods = sorted({c.cell.method for c in cells}, key=method_order)
     found = basins(cells)  # once: every table of the report reads these
