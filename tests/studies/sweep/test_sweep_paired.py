@@ -151,6 +151,19 @@ def test_a_map_of_the_first_format_is_judged_by_its_loss_and_lists_its_failed_ru
     assert failed == ["- `d16-lr0.015-ls-seed0`: loss at step 200: loss ends at 0.723"]
 
 
+def test_a_sweep_does_not_replace_a_map_whose_runs_are_not_here(tmp_path, capsys):
+    folder = tmp_path / "old-sweep"
+    folder.mkdir()
+    kept = json.dumps({"metric": "loss", "cells": [FIRST_ROW]})
+    (folder / "map.json").write_text(kept)
+    grid = ["--methods", "none", "--lrs", "1e-2", "--depths", "4", "--seeds", "1", "--name", "old"]
+    assert main(["sweep", "stability", *grid, f"out_dir={tmp_path}", "--no-progress"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "holds 3 run(s) whose folders are not in" in err
+    assert "(e.g. d16-lr0.015-ls-seed0)" in err
+    assert (folder / "map.json").read_text() == kept and not (folder / "runs").exists()  # nothing trained
+
+
 def test_an_incomplete_map_is_one_line_naming_the_file(tmp_path):
     row = {k: v for k, v in FIRST_ROW.items() if k != "seeds"}
     (tmp_path / "map.json").write_text(json.dumps({"metric": "loss", "cells": [row]}))

@@ -61,6 +61,7 @@ def run_sweep(
     cfgs = plan(base, methods, lrs, depths, seeds, runs_dir)
     # a --beside that does not fit is refused before anything trains or is written
     side = _beside(beside, sweep_dir, _planned(cfgs), warn) if beside is not None else None
+    _keep_map_of_runs_gone(sweep_dir, _planned(cfgs))
     outcomes = run_all(cfgs, jobs, progress, train_kwargs, gpus_per_run=gpus_per_run, cluster=cluster)
     if cluster is not None and not cluster.wait:  # the jobs have only just been submitted
         return StudyResult(sweep_dir / "report.md", "", outcomes, reported=False)
@@ -73,6 +74,31 @@ def run_sweep(
     side = side or recorded_beside(sweep_dir, _keys(runs), warn)
     report, tables = write_sweep_report(base, runs, sweep_dir, failed, rule, fig1_lr, beside=side)
     return StudyResult(report, tables, outcomes)
+
+
+def _keep_map_of_runs_gone(sweep_dir: Path, planned: set[RunKey]) -> None:
+    """Refuse a sweep in a folder whose map.json holds runs that have no folder there and are not in the
+    plan (a study's folder kept without its runs): the map it writes would hold its own runs only."""
+    saved = sweep_dir / "map.json"
+    if not saved.is_file():
+        return
+    try:
+        cells, _, _ = read_map(saved)
+    except ScaleLongError:  # not a map this sweep could read: nothing in it to keep
+        return
+    gone = sorted(
+        c.cell.name(r.seed)
+        for c in cells
+        for r in c.runs
+        if (c.cell.depth, c.cell.lr, c.cell.method, r.seed) not in planned
+        and not (sweep_dir / "runs" / c.cell.name(r.seed)).is_dir()
+    )
+    if gone:
+        raise ScaleLongError(
+            f"{saved} holds {len(gone)} run(s) whose folders are not in {sweep_dir / 'runs'} (e.g. "
+            f"{gone[0]}), and the map this sweep writes would drop them: copy those runs back, or move "
+            "map.json elsewhere first"
+        )
 
 
 def _planned(cfgs: Sequence[Config]) -> set[RunKey]:
