@@ -12,6 +12,7 @@ from scalelong.studies.summary import Cell, CellSummary, SeedSummary
 from scalelong.studies.sweep.basin import basin_section, basins, comparison_sensitivity, sensitivity_table
 from scalelong.studies.sweep.edges import Comparison, comparisons, edge_text, edges_json, edges_table
 from scalelong.studies.sweep.mapfile import write_map_json
+from scalelong.studies.sweep.tables import stability_table
 
 T4 = 2.7764451051977987  # t(0.975, 4): five seeds
 BROKE = (Divergence("nonfinite", 50, "stopped on non-finite steps in a row"),)
@@ -120,3 +121,12 @@ def test_a_comparison_that_a_larger_one_contains_adds_no_table(tmp_path):
     assert comparisons(found) == [Comparison(12, frozenset({0, 1}), ("none", "cs"), (1e-2, 2e-2))]
     parts, _ = basin_section(cells, tmp_path)
     assert not any(p.startswith("| seeds | lrs |") for p in parts)
+
+
+def test_an_edge_that_no_lr_decides_is_said_to_be_undecided():
+    """Methods that share no lr: no lr decides, which is not a failure at the smallest lr."""
+    cells = cells_of({("none", 0.01): {0: False, 1: False}, ("cs", 0.04): {0: False, 1: False}})
+    table = stability_table(cells, "loss")
+    for method in ("none", "cs"):
+        assert f"| {method} | undecided (no lr where every method ran the same seeds) | n/a | | |" in table
+    assert "the smallest lr that decides failed" not in table

@@ -160,13 +160,16 @@ class Basin:
     def stable_edge(self) -> str:
         """The largest stable lr as every table writes it: ``2e-3``; ``8e-3 (the largest tried)``
         where it is the largest lr the method trained (the edge may lie further out); ``none``
-        where the smallest lr that decides failed. Where the method ran seeds that did not decide
+        where the smallest lr that decides failed; ``undecided`` where no lr decides. Where the
+        method ran seeds that did not decide
         (other methods did not run them), the seeds that did are named, ``1e-2 (on seed 0)``, or
         where they differ between lrs it says so, so the edge is not read as the method's over all
         its runs."""
         top = self.largest_stable_lr
         notes = ["the largest tried"] if top is not None and top == self.lrs[-1] else []
         deciding = self.deciding_counts()
+        if not deciding:  # nothing to read an edge from: no lr where every method ran the same seeds
+            return "undecided (no lr where every method ran the same seeds)"
         if not all(lr in deciding and deciding[lr][1] == len(self.at(lr)) for lr in self.lrs):
             sets = {self.shared[lr] for lr in deciding}
             if len(sets) == 1:

@@ -32,7 +32,8 @@ def stability_table(cells: Sequence[CellSummary], metric: str, found: Sequence[B
     for b in basins(cells) if found is None else found:
         top = b.largest_stable_lr
         if top is None:
-            lines.append(f"| {b.method} | none: the smallest lr that decides failed | n/a | | |")
+            edge = b.stable_edge() if not b.deciding_counts() else "none: the smallest lr that decides failed"
+            lines.append(f"| {b.method} | {edge} | n/a | | |")
             continue
         stable = [c for c in cells if c.cell.method == b.method and c.cell.lr <= top]
         best = min(stable, key=lambda c: (_finite_or_inf(mean_ci(c.final)[0]), c.cell.lr))
