@@ -79,6 +79,21 @@ def test_five_seeds_name_the_paired_differences_whose_interval_excludes_0():
     )
 
 
+def test_a_change_on_fewer_pairs_than_seeds_is_not_tested():
+    """Five seeds, but cs has a finite FD on one of them: one pair, no interval, nothing to test."""
+    methods = [summary("none", seeds=5), summary("cs", fd=[45.0, math.nan, math.nan, math.nan, math.nan])]
+    assert reading(methods, "none", 100, 700, 5).startswith(
+        "With 5 seeds, no paired change in final FD against none was tested: cs (-10.0% on 1) paired "
+        "fewer than 5 seeds with a finite final FD, too few to test."
+    )
+    methods.append(summary("sqrt2", fd=[50.0 * (1 + c) for c in (0.05, -0.06, 0.02, -0.03, 0.07)]))
+    assert reading(methods, "none", 100, 700, 5).startswith(
+        "With 5 seeds, the 95% interval of the paired change in final FD against none includes 0 for "
+        "sqrt2 (+0.9%, -5.7% to +7.9%): no difference in final FD is evidence. cs (-10.0% on 1) paired "
+        "fewer than 5 seeds"
+    )
+
+
 def test_a_method_at_fd_350_is_named_as_not_drawing_digits():
     methods = [summary("none", fd=120.0), summary("sqrt2", fd=350.0, confident=0.7), summary("cs", fd=60.0)]
     text = reading(methods, "none", 100, 700, 1)

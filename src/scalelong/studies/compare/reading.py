@@ -62,18 +62,32 @@ def _seeds_sentence(
     if not others or not evaluated:
         what = "there is no other method" if not others else "no run logged an FD to pair"
         return f"With {seeds} seeds a paired difference could be tested, but {what}."
-    clear, unclear = [], []
+    clear, unclear, untested = [], [], []
     for s in others:
         change = s.fd_change(base)
-        text = f"{s.method} ({_change(change)})"
-        (clear if change is not None and change.excludes_null() else unclear).append(text)
+        pairs = 0 if change is None else change.n
+        if pairs < MIN_SEEDS:  # seeds without a finite FD on both sides pair nothing
+            untested.append(s.method + ("" if change is None else f" ({_change(change)} on {pairs})"))
+            continue
+        (clear if change.excludes_null() else unclear).append(f"{s.method} ({_change(change)})")
+    few = (
+        f"{_and(untested)} paired fewer than {MIN_SEEDS} seeds with a finite final FD, too few to test."
+        if untested
+        else ""
+    )
     head = f"With {seeds} seeds, the 95% interval of the paired change in final FD against {base.method}"
+    if not clear and not unclear:
+        return f"With {seeds} seeds, no paired change in final FD against {base.method} was tested: {few}"
     if not unclear:
-        return f"{head} excludes 0 for {_and(clear)}."
-    if not clear:
-        return f"{head} includes 0 for {_and(unclear)}: no difference in final FD is evidence."
-    which = "that difference is" if len(unclear) == 1 else "those differences are"
-    return f"{head} excludes 0 for {_and(clear)}; it includes 0 for {_and(unclear)}: {which} not evidence."
+        said = f"{head} excludes 0 for {_and(clear)}."
+    elif not clear:
+        said = f"{head} includes 0 for {_and(unclear)}: no difference in final FD is evidence."
+    else:
+        which = "that difference is" if len(unclear) == 1 else "those differences are"
+        said = (
+            f"{head} excludes 0 for {_and(clear)}; it includes 0 for {_and(unclear)}: {which} not evidence."
+        )
+    return f"{said} {few}".strip()
 
 
 def _digits_sentence(summaries: Sequence[MethodSummary]) -> str:
