@@ -98,6 +98,10 @@ def test_the_report_draws_the_profile_and_tabulates_where_it_is_largest(tmp_path
         "| 12 | none | 2 | 100 | 90 | 1.35e+04 |  | 150x | 1/2 |",  # medians: (18000 + 9000) / 2 over 90
         f"| 12 | merge-norm | 2 | 100 | 90 | 52.5 | {ratio} | 0.583x | 0/2 |",
     ]
+    # another depth where `none` did not run: each depth's ratios divide by its own first method
+    chosen[24, "cs"] = [run([700.0, 7000.0], 0)]
+    header = magnitude_parts(chosen, 6e-3, tmp_path)[-1].splitlines()[0]
+    assert "| last decoder block / the first method of its depth (95% CI) |" in header
     assert (
         magnitude_parts({(12, "none"): [StudyRun("r", [{"step": 1, "loss": 1.0}], {}, [])]}, 1e-2, tmp_path)
         == []

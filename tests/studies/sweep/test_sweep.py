@@ -108,6 +108,20 @@ def test_the_cell_table_gives_the_least_fp16_headroom_and_the_seeds_that_overflo
     assert least_value(records, "fp16/headroom") == 0.5 and math.isnan(least_value(records, "loss"))
 
 
+def test_a_cell_whose_features_blew_up_says_so_instead_of_averaging_the_others():
+    def cell(growths):
+        seeds = [SeedSummary(k, final_loss=0.2, feature_growth=g) for k, g in enumerate(growths)]
+        return CellSummary(Cell(12, 1e-2, "none"), seeds, "loss")
+
+    def growth(growths):
+        return cell_table([cell(growths)], "loss").splitlines()[2].split(" | ")[4]
+
+    assert growth([math.inf, 50.0, 60.0]) == "55 ± 64; 1/3 non-finite"
+    assert growth([math.inf, math.inf]) == "2/2 non-finite"
+    assert growth([2.0, 4.0]) == "3 ± 13"
+    assert growth([math.nan, math.nan]) == "n/a"  # not logged: nothing blew up
+
+
 def mtimes(folder):
     return {p.parent.name: p.stat().st_mtime_ns for p in sorted(folder.glob("runs/*/summary.json"))}
 

@@ -133,7 +133,7 @@ def magnitude_parts(
     the skips' inputs, the middle block, the last decoder block, the growth from the middle to the
     last, and how many seeds reached fp16's 65,504 (or overflowed). Nothing where the runs logged
     no block absmax."""
-    figures, rows = [], []
+    figures, rows, bases = [], [], set()  # bases: each depth's first method, what its ratios divide by
     for depth in sorted({d for d, _ in chosen}, key=lambda d: d or 0):
         runs = {m: rs for (d, m), rs in chosen.items() if d == depth}
         mine = {m: [r.records for r in rs] for m, rs in runs.items()}
@@ -151,6 +151,7 @@ def magnitude_parts(
         }
         last = {m: {seed: g[2] for seed, g in by_seed.items()} for m, by_seed in growth.items()}
         base = next(iter(runs))  # the first in method order: none where it ran
+        bases.add(base)
         for method, recs in mine.items():
             grown = list(growth[method].values())
             if not grown:
@@ -172,6 +173,7 @@ def magnitude_parts(
             )
     if not figures:
         return []
+    divisor = bases.pop() if len(bases) == 1 else "the first method of its depth"
     return [
         "### How large the values get: the peak |value| along the network",
         f"At lr {lr:g}, the largest |value| each block's output reached over the run (at the logged "
@@ -186,7 +188,7 @@ def magnitude_parts(
         "of the steps it skipped).",
         *figures,
         "| depth | method | seeds | skips' inputs | middle block | last decoder block | last decoder block / "
-        f"{base} (95% CI) | growth middle to last | reached 65,504 or overflowed |\n"
+        f"{divisor} (95% CI) | growth middle to last | reached 65,504 or overflowed |\n"
         + "|---" * 9
         + "|\n"
         + "\n".join(rows),

@@ -53,6 +53,16 @@ def least_headroom(values: Sequence[float]) -> str:
     return f"{min(finite):.2g}" + (f" ({below}/{len(finite)} below 1)" if below else "")
 
 
+def growth_text(values: Sequence[float]) -> str:
+    """A cell's feature growth: mean ± 95% interval over the seeds whose features stayed finite, and
+    how many seeds' ended non-finite (an infinite growth, which no mean can hold)."""
+    blown = sum(math.isinf(v) for v in values)
+    text = fmt_ci([v for v in values if math.isfinite(v)])
+    if not blown:
+        return text
+    return ("" if text == "n/a" else f"{text}; ") + f"{blown}/{len(values)} non-finite"
+
+
 def cell_table(cells: Sequence[CellSummary], metric: str, real_digits: Mapping | None = None) -> str:
     """Every cell: mean ± 95% interval over seeds of the final ``metric``, the digit score of the
     last evaluation (when the runs logged it: eval.metric fd-mnist; ``real_digits`` is its
@@ -72,7 +82,7 @@ def cell_table(cells: Sequence[CellSummary], metric: str, real_digits: Mapping |
         scores = [fmt_ci(c.values("confident"), 2), fmt_ci(c.values("entropy"), 2)] if digits else []
         row = [c.cell.method, f"{c.cell.lr:g}", str(c.count), fmt_ci(c.final), *scores]
         row += [
-            fmt_ci(c.values("feature_growth")),
+            growth_text(c.values("feature_growth")),
             fmt_ci(c.values("feature_osc")),
             fmt_ci(c.values("spikes")),
         ]
