@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import pytest
 import torch
@@ -20,6 +22,8 @@ from scalelong.metrics.frechet import (
     mnist_reference_stats,
     reference_stats,
     save_stats,
+    stored_metric,
+    stored_resolution,
 )
 
 
@@ -80,6 +84,48 @@ def test_stats_round_trip_and_user_errors(tmp_path) -> None:
     np.savez(tmp_path / "shape.npz", mu=mu, sigma=np.eye(4))
     with pytest.raises(ScaleLongError, match=r"expected \(D,\) and \(D, D\)"):
         load_stats(tmp_path / "shape.npz")
+
+
+def test_a_damaged_statistics_file_is_one_line_error(tmp_path) -> None:
+    path = save_stats(tmp_path / "ref.npz", np.arange(3.0), np.eye(3), "fd-mnist", 10, resolution=32)
+    data = path.read_bytes()
+    flipped = bytearray(data)
+    flipped[data.index(np.eye(3).tobytes()) + 5] ^= 0xFF  # in sigma's bytes: the zip's CRC catches it
+    cases = [("empty", b"", 3), ("cut", data[: len(data) // 2], 3), ("flipped", bytes(flipped), 1)]
+    for name, content, readers in cases:  # a changed sigma shows only where sigma is read
+        bad = tmp_path / f"{name}.npz"
+        bad.write_bytes(content)
+        for read in (load_stats, stored_metric, stored_resolution)[:readers]:
+            with pytest.raises(ScaleLongError, match="make them again with `scalelong fid-stats`") as e:
+                read(bad)
+            message = str(e.value)
+            assert message.startswith(f"reference statistics {bad} are damaged") and "\n" not in message
+    np.save(tmp_path / "bare.npy", np.arange(3.0))  # an array, not an archive of statistics
+    assert stored_metric(tmp_path / "bare.npy") is None
+    with pytest.raises(ScaleLongError, match="not a statistics file"):
+        load_stats(tmp_path / "bare.npy")
+
+
+def test_an_interrupted_save_keeps_the_old_statistics(tmp_path, monkeypatch) -> None:
+    mu, sigma = np.arange(3.0), np.eye(3)
+    path = save_stats(tmp_path / "ref.npz", mu, sigma, "fd-mnist", 10)
+    assert save_stats(tmp_path / "plain", mu, sigma, "fd-mnist", 10) == tmp_path / "plain.npz"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["plain.npz", "ref.npz"]  # no temporary left
+
+    def killed(file, **arrays):  # writes the start of an archive, then the process is interrupted
+        if hasattr(file, "write"):
+            file.write(b"PK\x03\x04" + bytes(100))
+        else:
+            Path(file).write_bytes(b"PK\x03\x04" + bytes(100))
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(np, "savez", killed)
+    for target in (path, tmp_path / "new.npz"):
+        with pytest.raises(KeyboardInterrupt):
+            save_stats(target, mu + 1, sigma, "fd-mnist", 10)
+    monkeypatch.undo()
+    np.testing.assert_array_equal(load_stats(path, "fd-mnist")[0], mu)  # the old file, whole
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["plain.npz", "ref.npz"]
 
 
 def _low_rank_frechet(f1: np.ndarray, f2: np.ndarray) -> float:

@@ -15,8 +15,10 @@ from __future__ import annotations
 import contextlib
 import copy
 import functools
+import os
 import socket
 import warnings
+import zipfile
 from collections.abc import Callable, Iterable
 from pathlib import Path
 from unittest.mock import patch
@@ -74,14 +76,36 @@ def save_stats(
     if path.suffix != ".npz":  # what np.savez writes: name the file it makes
         path = path.with_name(f"{path.name}.npz")
     side = {} if resolution is None else {"resolution": np.array(resolution)}
+    # Written beside the target and renamed over it, so an interrupted write never leaves a truncated
+    # file under the final name; through a file object, so numpy appends no .npz to the temporary name.
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        np.savez(path, mu=mu, sigma=sigma, metric=np.array(metric), n=np.array(n), **side)
+        try:
+            with tmp.open("wb") as f:
+                np.savez(f, mu=mu, sigma=sigma, metric=np.array(metric), n=np.array(n), **side)
+                f.flush()
+                os.fsync(f.fileno())
+            os.replace(tmp, path)
+        except BaseException:  # interrupted or failed: leave no temporary file behind
+            tmp.unlink(missing_ok=True)
+            raise
     except OSError as e:
         raise ScaleLongError(
-            f"cannot write the statistics {path} ({e.strerror}); choose another --out"
+            f"cannot write the statistics {path} ({e.strerror or e}); choose another --out"
         ) from None
     return path
+
+
+# What np.load raises for a file cut short or overwritten with garbage, besides OSError and ValueError.
+_DAMAGED = (zipfile.BadZipFile, EOFError)
+
+
+def _damaged(path: str | Path, e: BaseException) -> ScaleLongError:
+    return ScaleLongError(
+        f"reference statistics {path} are damaged ({first_line(e, name=True)}); "
+        "make them again with `scalelong fid-stats`"
+    )
 
 
 def stored_metric(path: str | Path) -> str | None:
@@ -89,7 +113,9 @@ def stored_metric(path: str | Path) -> str | None:
     try:
         with np.load(path) as f:
             return str(f["metric"]) if "metric" in f.files else None
-    except (OSError, ValueError):
+    except _DAMAGED as e:
+        raise _damaged(path, e) from None
+    except (OSError, ValueError, TypeError):  # TypeError: a bare .npy, no archive; load_stats says so
         return None
 
 
@@ -98,6 +124,8 @@ def stored_resolution(path: str | Path) -> int | None:
     try:
         with np.load(path) as f:
             return int(f["resolution"]) if "resolution" in f.files else None
+    except _DAMAGED as e:
+        raise _damaged(path, e) from None
     except (OSError, ValueError, TypeError):
         return None
 
@@ -111,7 +139,9 @@ def load_stats(path: str | Path, metric: str | None = None) -> tuple[np.ndarray,
         with np.load(path) as f:
             mu, sigma = f["mu"], f["sigma"]
             stored = str(f["metric"]) if "metric" in f.files else None
-    except (OSError, ValueError, KeyError) as e:
+    except _DAMAGED as e:
+        raise _damaged(path, e) from None
+    except (OSError, ValueError, KeyError, TypeError) as e:  # TypeError: a bare .npy, no archive
         raise ScaleLongError(f"{path} is not a statistics file with 'mu' and 'sigma' ({e})") from e
     if metric is not None and stored is not None and stored != metric:
         raise ScaleLongError(f"{path} holds {stored} statistics but the metric is {metric}")

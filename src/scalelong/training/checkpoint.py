@@ -187,15 +187,21 @@ def read_verified(path: Path, name: str, meta: dict | None = None) -> bytes:
     info = (meta or read_meta(path))["files"].get(name)
     if not isinstance(info, dict):
         raise DamagedCheckpoint(path, f"{name} is not part of it")
+    size, digest = info.get("bytes"), info.get("sha256")
+    # An edited meta.json: checked here, so that it is a damaged checkpoint (the one before is tried)
+    if not isinstance(size, int) or isinstance(size, bool):
+        raise DamagedCheckpoint(path, f"meta.json lists no size for {name}")
+    if not isinstance(digest, str):
+        raise DamagedCheckpoint(path, f"meta.json lists no checksum for {name}")
     try:
         data = (path / name).read_bytes()
     except FileNotFoundError:
         raise DamagedCheckpoint(path, f"{name} is missing") from None
     except OSError as e:
         raise DamagedCheckpoint(path, f"{name} cannot be read, {first_line(e, name=True)}") from None
-    if len(data) != info.get("bytes"):
-        raise DamagedCheckpoint(path, f"{name} is truncated ({len(data):,} of {info.get('bytes'):,} bytes)")
-    if hashlib.sha256(data).hexdigest() != info.get("sha256"):
+    if len(data) != size:
+        raise DamagedCheckpoint(path, f"{name} is truncated ({len(data):,} of {size:,} bytes)")
+    if hashlib.sha256(data).hexdigest() != digest:
         raise DamagedCheckpoint(path, f"{name} fails its checksum")
     return data
 
@@ -310,8 +316,20 @@ def load_weights(path: Path, name: str, module: nn.Module) -> None:
 
 
 def load_state(module: nn.Module, state: dict[str, torch.Tensor], source: str) -> None:
-    """``module.load_state_dict(state)`` with a one-line error when the keys do not fit."""
-    missing, unexpected = module.load_state_dict(state, strict=False)
+    """``module.load_state_dict(state)`` with a one-line error when the keys or shapes do not fit."""
+    try:
+        missing, unexpected = module.load_state_dict(state, strict=False)
+    except RuntimeError as e:  # strict=False still raises, in many lines, on a tensor of another shape
+        own = module.state_dict()
+        wrong = [k for k, v in state.items() if k in own and own[k].shape != v.shape]
+        what = (
+            f"{wrong[0]} is {tuple(state[wrong[0]].shape)}, the model's {tuple(own[wrong[0]].shape)}"
+            if wrong
+            else first_line(e, lines=2)
+        )
+        raise ScaleLongError(
+            f"checkpoint {source} does not fit this model ({what}); was it written with another config?"
+        ) from None
     if missing or unexpected:
         raise ScaleLongError(
             f"checkpoint {source} does not fit this model (missing {sorted(missing)[:3]}, "
