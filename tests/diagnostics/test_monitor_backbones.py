@@ -358,6 +358,20 @@ def test_runlog_holds_the_folder_and_refuses_what_it_cannot_write(tmp_path, caps
         RunLog(tmp_path / "trained")
 
 
+def test_a_resumed_runlog_keeps_lines_without_an_integer_step_in_metrics_jsonl_bad(tmp_path):
+    folder = tmp_path / "r"
+    folder.mkdir()
+    lines = ['{"step": 1, "loss": 1.0}', '{"step": null, "loss": 2.0}', '{"step": "abc"}', '{"step": 2}']
+    (folder / "metrics.jsonl").write_text("\n".join(lines) + "\n")
+    with pytest.warns(UserWarning) as caught, RunLog(folder, start_step=1) as log:  # no TypeError
+        log.write(2, loss=0.5)
+    said = [str(w.message) for w in caught]
+    assert len(said) == 2 and "held 1 record(s) after step 1" in said[0]  # step 2: dropped, as documented
+    assert "line(s) 2, 3 are not JSON records" in said[1] and "moved to" in said[1] and "jsonl.bad" in said[1]
+    assert (folder / "metrics.jsonl.bad").read_text() == lines[1] + "\n" + lines[2] + "\n"
+    assert [(r["step"], r["loss"]) for r in RunDir(folder).metrics()] == [(1, 1.0), (2, 0.5)]
+
+
 def _docstring_block(doc: str, after: str) -> str:
     """The indented code block that follows the line containing ``after``."""
     lines = doc.split(after, 1)[1].split("\n")[2:]  # skip the rest of that line and the blank one

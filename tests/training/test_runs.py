@@ -118,6 +118,26 @@ def test_a_torn_last_line_is_dropped_with_one_warning(tmp_path):
     assert "line(s) 2, 3 are not JSON records" in warnings[-1]
 
 
+def test_a_resume_moves_damaged_lines_to_metrics_jsonl_bad_and_deletes_none(tmp_path):
+    from scalelong.runlog.tracking import Tracker
+
+    log, bad = tmp_path / "metrics.jsonl", tmp_path / "metrics.jsonl.bad"
+    damaged = [b'{"step": 2, "loss": 0.\xff4 garbled', b'{"step": null}', b'{"step": "abc", "loss": 1}']
+    good = [b'{"step": 1, "loss": 0.5}', b'{"step": 2, "loss": 0.4}', b'{"step": 3, "loss": 0.3}']
+    log.write_bytes(b"\n".join([good[0], *damaged, good[1], good[2]]) + b"\n")
+    Tracker(tmp_path, {}, start_step=2, tensorboard=False, warn=(warnings := []).append).close()
+    assert log.read_bytes() == good[0] + b"\n" + good[1] + b"\n"  # step 3 is written again
+    assert bad.read_bytes() == b"".join(line + b"\n" for line in damaged)  # byte for byte, to repair
+    assert len(warnings) == 1 and "line(s) 2, 3, 4 are not JSON records" in warnings[0]
+    assert f"moved to {bad}" in warnings[0] and not list(tmp_path.glob(".*tmp"))
+    with log.open("a") as f:
+        f.write('{"step": 3, "lo')  # a later kill: its cut line joins the earlier ones, which stay
+    Tracker(tmp_path, {}, start_step=2, tensorboard=False, warn=warnings.append).close()
+    assert bad.read_bytes().splitlines() == [*damaged, b'{"step": 3, "lo']
+    assert "its last line is cut short" in warnings[-1]
+    assert [r["step"] for r in MetricsLog(log).read()] == [1, 2]
+
+
 # ----------------------------------------------------------------------------- checkpoints
 
 

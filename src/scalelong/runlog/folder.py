@@ -48,6 +48,7 @@ class RunLog:
         path: the run folder.
         start_step: the step a resumed loop continues after: records beyond it, left by an earlier
             attempt, are dropped (with a warning) so the log reads as one run; 0 starts afresh.
+            Unreadable lines are moved to ``metrics.jsonl.bad`` (with a warning), never deleted.
         tensorboard: also write TensorBoard events into ``<path>/tb`` (needs tensorboard).
 
     See :mod:`scalelong.diagnostics` for a complete loop. Create it on the main process only.
@@ -65,9 +66,9 @@ class RunLog:
         self._held = contextlib.ExitStack()
         self._held.enter_context(FolderLock(self.path).holding())  # the folder, the lock; until close()
         try:
-            stale = [
-                r for r in MetricsLog(self.path / METRICS_FILE).read() if not r.get("step", 0) <= start_step
-            ]
+            # Unreadable lines (record None) are the Tracker's to move aside and report, just below.
+            lines = MetricsLog(self.path / METRICS_FILE).scan()
+            stale = [r for _, _, r in lines if r is not None and r["step"] > start_step]
             if stale:
                 warn_user(
                     f"{self.path / METRICS_FILE} held {len(stale)} record(s) after step {start_step} "

@@ -9,6 +9,7 @@ guidance scale and encoders) is refused, naming what differs, instead of mixing 
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
@@ -17,6 +18,7 @@ import torch
 
 from scalelong.data import to_uint8
 from scalelong.errors import ScaleLongError
+from scalelong.runlog.lock import Warn
 from scalelong.runlog.records import write_text_atomic
 from scalelong.sampling import generate, get_sampler
 from scalelong.training.build import build_schedule, model_input_shape
@@ -151,10 +153,24 @@ def _start(out: Path, n: int, batch_size: int, settings: dict) -> Path:
             held = json.loads(path.read_text())
         except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
             raise ScaleLongError(f"{path} is unreadable ({e}); choose another --out") from None
+        if not isinstance(held, dict):
+            raise ScaleLongError(
+                f"{path} holds a JSON {type(held).__name__}, not the object of settings this command "
+                "writes; choose another --out"
+            )
         changed = _differences(held, settings)
         if changed:
             raise ScaleLongError(
                 f"{out} holds samples made with other settings ({'; '.join(changed)}); choose another --out"
+            )
+    else:
+        # sampling.json is written before the first image, so numbered PNGs without it are not ours:
+        # resuming would pack them into samples.npz as if drawn with these settings.
+        foreign = sorted(p.name for p in out.iterdir() if _PNG_NAME.fullmatch(p.name))
+        if foreign:
+            raise ScaleLongError(
+                f"{out} holds {len(foreign)} numbered PNG(s) ({foreign[0]}, ...) but no sampling.json, so "
+                "nothing says how they were drawn; choose an empty --out or remove the files"
             )
     write_text_atomic(path, json.dumps(settings, indent=1))  # never half-written by a kill
     return out
@@ -172,14 +188,44 @@ def _differences(held: dict, wanted: dict) -> list[str]:
     return [f"{k}: {short(held.get(k))} -> {short(wanted.get(k))}" for k in changed]
 
 
+_PNG_NAME = re.compile(r"\d{6,}\.png")  # the images' names, f"{i:06d}.png"
+
+
+def _decodes(path: Path) -> bool:
+    from PIL import Image
+
+    try:
+        with Image.open(path) as image:
+            image.load()  # the whole file: a cut one opens fine and fails only here
+        return True
+    except Exception:  # PIL raises OSError, ValueError, SyntaxError, ... for a damaged file
+        return False
+
+
 def write_missing_pngs(
-    out: Path, n: int, batch_size: int, draw: Callable[[list[int]], torch.Tensor], progress: bool = True
+    out: Path,
+    n: int,
+    batch_size: int,
+    draw: Callable[[list[int]], torch.Tensor],
+    progress: bool = True,
+    warn: Warn = print,  # the command line's warning lines, as in scalelong.training.runs
 ) -> int:
-    """Write ``out/000000.png ...`` for the indices in 0..n-1 that have no file yet, ``batch_size``
-    at a time; ``draw(indices)`` returns their images in [-1, 1]. Returns how many were drawn."""
+    """Write ``out/000000.png ...`` for the indices in 0..n-1 that have no image yet, ``batch_size``
+    at a time; ``draw(indices)`` returns their images in [-1, 1]. Returns how many were drawn.
+
+    A file that does not decode (cut short by a copy, or junk) is drawn again, replacing it, with
+    one warning: image i depends on its seed alone, so the new one is the one it should be."""
     from tqdm import tqdm
 
-    todo = [i for i in range(n) if not (out / f"{i:06d}.png").is_file()]
+    paths = [out / f"{i:06d}.png" for i in range(n)]
+    todo = [i for i, p in enumerate(paths) if not p.is_file() or not _decodes(p)]
+    broken = [i for i in todo if paths[i].is_file()]
+    if broken:
+        names = ", ".join(paths[i].name for i in broken[:5]) + (", ..." if len(broken) > 5 else "")
+        warn(
+            f"warning: {out}: {len(broken)} image(s) do not decode as PNG ({names}); drawing them again "
+            "from their seeds, replacing the files"
+        )
     bar = tqdm(total=n, initial=n - len(todo), disable=not progress, unit="img")
     for start in range(0, len(todo), batch_size):
         idx = todo[start : start + batch_size]
