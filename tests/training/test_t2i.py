@@ -6,7 +6,14 @@ from scalelong.diffusion import DiscreteDDPM
 from scalelong.errors import ScaleLongError
 from scalelong.models import UViT
 from scalelong.training.t2i import extract_features, guided_eps_fn
-from t2i_fixtures import fake_coco, save_tiny_t2i_run, tiny_autoencoder, tiny_text_encoder
+from t2i_fixtures import (
+    fake_coco,
+    save_tiny_encoders,
+    save_tiny_t2i_run,
+    tiny_autoencoder,
+    tiny_coco_features,
+    tiny_text_encoder,
+)
 
 pytest.importorskip("transformers")
 pytest.importorskip("diffusers")
@@ -65,6 +72,134 @@ def test_missing_captions_and_corrupt_image_give_one_line_errors(tmp_path):
         )
     with pytest.raises(ScaleLongError, match="no feature shards"):
         LatentCaptions(tmp_path / "empty")
+
+
+def _folder_bytes(folder):
+    return {p.name: p.read_bytes() for p in sorted(folder.iterdir())}
+
+
+def test_extract_features_resumes_only_with_the_same_settings(tmp_path, capsys):
+    """Skipping the shards of another shard size, resolution, captions file or encoder would duplicate or
+    drop images, or mix latent shapes: such a resume is refused in one line naming the setting, and
+    touches nothing; the same settings (also through the command line) resume."""
+    import json
+
+    from scalelong.cli import main
+
+    images, captions = fake_coco(tmp_path)
+    tokenizer, text = tiny_text_encoder(tmp_path)
+    out = tmp_path / "feat"
+
+    def extract(caps=captions, vae=None, **kw):
+        kw = {"resolution": 32, "shard_size": 3, "progress": False, **kw}
+        return extract_features(images, caps, out, vae or tiny_autoencoder(), tokenizer, text, **kw)
+
+    extract()
+    first = _folder_bytes(out)
+    other_captions = tmp_path / "other.json"
+    data = json.loads(captions.read_text())
+    data["annotations"][0]["caption"] = "another caption"
+    other_captions.write_text(json.dumps(data))
+    other_vae = tiny_autoencoder()
+    with torch.no_grad():
+        next(other_vae.parameters()).add_(1.0)
+    refused = {
+        "--shard-size 3 there, 2 now": dict(shard_size=2),
+        "--resolution 32 there, 64 now": dict(resolution=64),
+        "captions file content differ": dict(caps=other_captions),
+        "autoencoder weights differ": dict(vae=other_vae),
+    }
+    for says, kw in refused.items():
+        with pytest.raises(ScaleLongError, match="other settings") as e:
+            extract(**kw)
+        assert says in str(e.value) and "new --out folder" in str(e.value) and "\n" not in str(e.value)
+        assert _folder_bytes(out) == first, says
+    # the same settings resume: a lost shard is written again, exactly
+    (out / "shard-00001.safetensors").unlink()
+    assert extract()["shards"] == 2 and _folder_bytes(out) == first
+    assert len(LatentCaptions(out)) == 8
+    # the command line: the same encoders saved as folders resume; another shard size is one line, exit 2
+    save_tiny_encoders(tmp_path)
+    argv = ["extract-features", str(images), str(captions), f"--out={out}", "--resolution=32", "--device=cpu"]
+    argv += [f"--text-encoder={tmp_path / 'clip'}", f"--autoencoder={tmp_path / 'vae'}"]
+    assert main([*argv, "--shard-size=3"]) == 0
+    assert "4 images, 8 captions in 2 shards" in capsys.readouterr().out
+    assert main([*argv, "--shard-size=1"]) == 2
+    err = capsys.readouterr().err
+    last = err.splitlines()[-1]  # before it: transformers' "Loading weights" bar of the encoders
+    assert last.startswith("error: ") and "--shard-size 3 there, 1 now" in last, err
+    assert "Traceback" not in err and _folder_bytes(out) == first
+
+
+def test_an_interrupted_extraction_keeps_its_settings_and_is_not_read_half_done(tmp_path):
+    """meta.json, with the settings, is written before the first shard: a killed extraction restarted
+    with another shard size is refused, and training refuses the half-done folder in one line."""
+    images, captions = fake_coco(tmp_path)
+    tokenizer, text = tiny_text_encoder(tmp_path)
+    out = tmp_path / "feat"
+
+    def extract(**kw):
+        kw = {"resolution": 32, "shard_size": 3, "progress": False, **kw}
+        return extract_features(images, captions, out, tiny_autoencoder(), tokenizer, text, **kw)
+
+    good = (images / "COCO_003.jpg").read_bytes()
+    (images / "COCO_003.jpg").write_bytes(b"not a jpeg")  # stops the extraction in its second shard
+    with pytest.raises(ScaleLongError, match="corrupt image file"):
+        extract()
+    assert (out / "shard-00000.safetensors").is_file() and not (out / "shard-00001.safetensors").exists()
+    with pytest.raises(ScaleLongError, match="shard-00001.safetensors is missing .*same settings"):
+        LatentCaptions(out)
+    (images / "COCO_003.jpg").write_bytes(good)
+    with pytest.raises(ScaleLongError, match="--shard-size 3 there, 4 now"):
+        extract(shard_size=4)
+    assert extract()["images"] == 4
+    ds = LatentCaptions(out)
+    assert len(ds) == 8 and torch.equal(ds[6][0], ds[7][0]) and not torch.equal(ds[5][0], ds[6][0])
+
+
+def test_latent_captions_reads_only_the_shards_meta_json_lists(tmp_path):
+    """A stray shard-* file (of another extraction) is not read: it would duplicate training data or
+    break torch.cat; a listed shard missing, or meta.json missing or corrupt, is one line. Folders whose
+    meta.json counts its shards instead of listing them still read."""
+    import json
+
+    from safetensors.torch import load_file, save_file
+
+    out = tiny_coco_features(tmp_path)
+    shard = load_file(out / "shard-00000.safetensors")
+    save_file(shard, out / "shard-00001.safetensors")  # a duplicate of every image
+    save_file({**shard, "latents": torch.zeros(4, 4, 8, 8)}, out / "shard-00002.safetensors")  # other shape
+    ds = LatentCaptions(out)
+    assert len(ds) == 8 and len(ds.latents) == 4
+    meta = json.loads((out / "meta.json").read_text())
+    legacy = {k: v for k, v in meta.items() if k not in ("shard_files", "settings", "captions_file")}
+    (out / "meta.json").write_text(json.dumps(legacy))  # as extract-features wrote it before
+    assert len(LatentCaptions(out)) == 8
+    (out / "meta.json").write_text(
+        json.dumps({**meta, "shard_files": meta["shard_files"] + ["shard-00007.safetensors"]})
+    )
+    with pytest.raises(ScaleLongError, match="shard-00007.safetensors is missing"):
+        LatentCaptions(out)
+    (out / "meta.json").write_text('{"images": 4, "shar')
+    with pytest.raises(ScaleLongError, match="meta.json is unreadable") as e:
+        LatentCaptions(out)
+    assert "\n" not in str(e.value)
+    (out / "meta.json").unlink()
+    with pytest.raises(ScaleLongError, match="no feature shards"):
+        LatentCaptions(out)
+
+
+def test_a_prompts_file_that_is_not_text_is_one_line(tmp_path, capsys):
+    from scalelong.cli import main
+
+    binary = tmp_path / "prompts.bin"
+    binary.write_bytes(b"\x89PNG\r\n\x1a\n\x00\xff\xfe\x80")
+    code = main(
+        ["sample", str(tmp_path / "run"), "--n=1", f"--out={tmp_path / 'x'}", "--prompts-file", str(binary)]
+    )
+    err = capsys.readouterr().err
+    assert code == 2 and err.count("\n") == 1 and err.startswith("error: ") and str(binary) in err, err
+    assert "UTF-8" in err and not (tmp_path / "x").exists()
 
 
 def test_guidance_scale_one_and_zero_are_exact():

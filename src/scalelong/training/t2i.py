@@ -8,13 +8,14 @@ one line saying what to download.
 
 Shard layout of a feature folder (read back by :class:`scalelong.data.LatentCaptions`)::
 
-    meta.json                    counts, scale, resolution, encoder names
+    meta.json                    counts, shapes, the shard files, the settings they were made with
     null_context.safetensors     {"context": (77, D)} the empty caption, for guidance and dropout
     shard-00000.safetensors      {"latents": (n, 4, h, w), "context": (m, 77, D), "image_index": (m,)}
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 from collections.abc import Sequence
@@ -24,7 +25,9 @@ import numpy as np
 import torch
 
 from scalelong.data import from_uint8
-from scalelong.errors import ScaleLongError
+from scalelong.data.latent_captions import META_FILE, read_features_meta
+from scalelong.errors import ScaleLongError, first_line
+from scalelong.runlog.records import write_text_atomic
 from scalelong.sampling import get_sampler, model_eps_fn, randn
 
 DEFAULT_AUTOENCODER = "CompVis/stable-diffusion-v1-4"  # its "vae" subfolder is SD's KL-f8
@@ -154,6 +157,56 @@ def _save_atomic(tensors: dict[str, torch.Tensor], path: Path) -> None:
     os.replace(tmp, path)
 
 
+def _weights_sha256(model) -> str:
+    """sha256 of a model's state dict (names, dtypes, shapes, bytes): which encoder made a folder."""
+    h = hashlib.sha256()
+    for name, t in sorted(model.state_dict().items()):
+        t = t.detach().cpu().contiguous().reshape(-1)
+        h.update(f"{name} {t.dtype} {tuple(t.shape)};".encode())
+        h.update(t.view(torch.uint8).numpy())
+    return h.hexdigest()
+
+
+# What a shard's content depends on (batch size and device do not), as a refusal names each one.
+_SETTING_NAMES = {
+    "shard_size": "--shard-size",
+    "resolution": "--resolution",
+    "latent_scale": "latent scale",
+    "captions_sha256": "captions file content",
+    "autoencoder_sha256": "autoencoder weights",
+    "text_encoder_sha256": "text encoder weights",
+}
+
+
+def _check_resumable(out_dir: Path, settings: dict) -> None:
+    """Refuse a folder whose shards were made with other settings (or with unknown ones): skipping
+    them would mix two sets of shards, duplicating or dropping images or mixing latent shapes."""
+    if not (out_dir / META_FILE).is_file():
+        if any(out_dir.glob("shard-*.safetensors")):
+            raise ScaleLongError(
+                f"{out_dir} holds shard files but no meta.json saying how they were made; extract into a "
+                "new --out folder (or delete those shards)"
+            )
+        return
+    meta = read_features_meta(out_dir)
+    if "settings" not in meta:
+        raise ScaleLongError(
+            f"{out_dir} was extracted by an older scalelong that recorded no settings: it trains as it is; "
+            "to extract again use a new --out folder"
+        )
+    old = meta["settings"] if isinstance(meta["settings"], dict) else {}
+    diffs = [
+        f"{label} {old.get(k)} there, {settings[k]} now" if not k.endswith("_sha256") else f"{label} differ"
+        for k, label in _SETTING_NAMES.items()
+        if old.get(k) != settings[k]
+    ]
+    if diffs:
+        raise ScaleLongError(
+            f"{out_dir} holds features extracted with other settings ({'; '.join(diffs)}): pass the same "
+            "settings to resume it, or extract into a new --out folder"
+        )
+
+
 def extract_features(
     image_dir: Path,
     captions_json: Path,
@@ -171,7 +224,9 @@ def extract_features(
 ) -> dict:
     """Encode an MS-COCO-style folder into latent + caption shards; returns the meta record.
 
-    Resumable: shards already written are kept and skipped.
+    Resumable: meta.json, with the settings, is written before the first shard; a later call with
+    the same settings (captions, encoder weights, resolution, shard size) keeps and skips the shards
+    already written, one with other settings is refused.
     """
     from tqdm import tqdm
 
@@ -179,14 +234,37 @@ def extract_features(
     if not image_dir.is_dir():
         raise ScaleLongError(f"image folder not found: {image_dir}")
     items = read_coco_captions(Path(captions_json))
+    settings = {
+        "shard_size": shard_size,
+        "resolution": resolution,
+        "latent_scale": scale,
+        "captions_sha256": hashlib.sha256(json.dumps(items).encode()).hexdigest(),  # what is encoded
+        "autoencoder_sha256": _weights_sha256(autoencoder),
+        "text_encoder_sha256": _weights_sha256(text_encoder),
+    }
+    _check_resumable(out_dir, settings)
     out_dir.mkdir(parents=True, exist_ok=True)
     autoencoder.to(device)
     text_encoder.to(device)
     null = encode_prompts([""], tokenizer, text_encoder, device)[0].cpu()
     _save_atomic({"context": null.half()}, out_dir / "null_context.safetensors")
     num_shards = (len(items) + shard_size - 1) // shard_size
+    shard_files = [f"shard-{s:05d}.safetensors" for s in range(num_shards)]
+    meta = {
+        "images": len(items),
+        "captions": sum(len(c) for _, c in items),
+        "shards": num_shards,
+        "shard_files": shard_files,  # what LatentCaptions reads: never a stray shard-* of another run
+        "resolution": resolution,
+        "latent_scale": scale,
+        "latent_shape": [4, resolution // 8, resolution // 8],
+        "context_dim": int(null.shape[-1]),
+        "captions_file": str(captions_json),
+        "settings": settings,
+    }
+    write_text_atomic(out_dir / META_FILE, json.dumps(meta, indent=1))
     for s in tqdm(range(num_shards), disable=not progress, desc="shards"):
-        path = out_dir / f"shard-{s:05d}.safetensors"
+        path = out_dir / shard_files[s]
         if path.is_file():
             continue
         chunk = items[s * shard_size : (s + 1) * shard_size]
@@ -207,16 +285,6 @@ def extract_features(
             },
             path,
         )
-    meta = {
-        "images": len(items),
-        "captions": sum(len(c) for _, c in items),
-        "shards": num_shards,
-        "resolution": resolution,
-        "latent_scale": scale,
-        "latent_shape": [4, resolution // 8, resolution // 8],
-        "context_dim": int(null.shape[-1]),
-    }
-    (out_dir / "meta.json").write_text(json.dumps(meta, indent=1))
     return meta
 
 
@@ -263,13 +331,20 @@ def generate_from_context(
 
 
 def read_prompts(prompts: Sequence[str] | None, prompts_file: str | Path | None) -> list[str]:
-    """Prompts from the command line and/or a file (one per line, blank lines skipped)."""
+    """Prompts from the command line and/or a file (UTF-8, one per line, blank lines skipped)."""
     out = list(prompts or [])
     if prompts_file is not None:
         path = Path(prompts_file)
         if not path.is_file():
             raise ScaleLongError(f"prompts file not found: {path}")
-        out += [line.strip() for line in path.read_text().splitlines() if line.strip()]
+        try:
+            text = path.read_text(encoding="utf-8")
+        except (UnicodeDecodeError, OSError) as e:
+            raise ScaleLongError(
+                f"cannot read the prompts file {path} ({first_line(e, name=True)}): it must be UTF-8 text, "
+                "one prompt per line"
+            ) from None
+        out += [line.strip() for line in text.splitlines() if line.strip()]
     if not out:
         raise ScaleLongError("no prompt given: pass --prompt TEXT (repeatable) or --prompts-file FILE")
     return out
