@@ -67,6 +67,43 @@ def test_sample_writes_pngs_resumes_and_ignores_batch_size(run, tmp_path, capsys
     assert rc == 2 and err.count("\n") == 1 and "other settings (sampler: 'dpm_solver' -> 'ddim')" in err
 
 
+def test_sample_draws_again_a_png_that_does_not_decode(run, tmp_path, capsys) -> None:
+    from PIL import Image
+
+    out = tmp_path / "samples"
+    assert cli(capsys, "sample", run.run_dir, "--n", 3, "--out", out)[0] == 0
+    first = np.load(out / "samples.npz")["images"]
+    (out / "000000.png").write_bytes(b"not a png")
+    cut = out / "000002.png"
+    cut.write_bytes(cut.read_bytes()[: cut.stat().st_size // 2])  # opens, fails to load
+    rc, stdout, err = cli(capsys, "sample", run.run_dir, "--n", 3, "--out", out)
+    assert rc == 0 and "3 images (2 new)" in stdout and "Traceback" not in err
+    warning = only_line(stdout, "warning:")
+    assert "2 image(s) do not decode as PNG (000000.png, 000002.png); drawing them again" in warning
+    for i in (0, 2):
+        with Image.open(out / f"{i:06d}.png") as image:
+            image.load()
+    np.testing.assert_array_equal(np.load(out / "samples.npz")["images"], first)  # the same seeds again
+
+
+def test_sample_refuses_an_out_it_cannot_tell_is_its_own(run, tmp_path, capsys) -> None:
+    listed = tmp_path / "listed"
+    listed.mkdir()
+    (listed / "sampling.json").write_text("[1, 2]")  # valid JSON, not the object of settings
+    rc, _, err = cli(capsys, "sample", run.run_dir, "--n", 2, "--out", listed)
+    assert rc == 2 and "sampling.json holds a JSON list, not the object" in only_line(err, "error:")
+    theirs = tmp_path / "theirs"
+    assert cli(capsys, "sample", run.run_dir, "--n", 2, "--out", theirs)[0] == 0
+    (theirs / "sampling.json").unlink()  # numbered PNGs nothing says were drawn with these settings
+    (theirs / "samples.npz").unlink()
+    rc, _, err = cli(capsys, "sample", run.run_dir, "--n", 2, "--out", theirs)
+    line = only_line(err, "error:")
+    assert rc == 2 and "holds 2 numbered PNG(s) (000000.png, ...) but no sampling.json" in line
+    assert "choose an empty --out or remove the files" in line
+    assert sorted(p.name for p in theirs.iterdir()) == ["000000.png", "000001.png"]  # nothing written
+    assert (listed / "sampling.json").read_text() == "[1, 2]"
+
+
 def test_eval_fd_mnist_and_bad_stats_fail_fast(run, tmp_path, capsys) -> None:
     rc, stdout, _ = cli(capsys, "eval", run.run_dir, "--n", 16, "--metric", "fd-mnist")
     assert rc == 0 and stdout.startswith("fd-mnist ")
@@ -278,3 +315,41 @@ def test_the_rescore_draws_only_the_seeds_its_evaluation_did_not(run, monkeypatc
     assert json.loads((run.run_dir / "eval_final.json").read_text())["fd"] == pytest.approx(
         final["fd"], rel=1e-5
     )
+
+
+def test_sample_refuses_a_seed_beyond_2_to_the_31_in_one_line(run, tmp_path, capsys) -> None:
+    """torch refused 2**64 with a traceback, after the checkpoint was loaded and --out created."""
+    for seed, words in [(2**64, f"must be < 2**31 = 2147483648, got {2**64}"), (-1, "must be >= 0, got -1")]:
+        rc, out, err = cli(capsys, "sample", run.run_dir, "--n", 2, "--out", tmp_path / "s", "--seed", seed)
+        assert rc == 2 and "Traceback" not in out + err
+        assert f"argument --seed: {words}" in only_line(err, "error:") and len(err.splitlines()) == 1
+    assert not (tmp_path / "s").exists()
+    rc, out, err = cli(capsys, "sample", run.run_dir, "--n", 2, "--out", tmp_path / "s", "--seed", 2**31 - 1)
+    assert rc == 0, err
+
+
+def test_a_run_config_this_version_refuses_is_named_with_its_file(run, tmp_path, capsys) -> None:
+    """A hand-edited config.yaml (or one of another version): the error names the file to repair, not
+    a key that reads as a mistake on the command line."""
+    config = run.run_dir / "config.yaml"
+    config.write_text(config.read_text() + "foo: 1\n")
+    for argv in (["sample", "--n", 2, "--out", tmp_path / "s"], ["eval", "--n", 8, "--metric", "fd-mnist"]):
+        rc, out, err = cli(capsys, argv[0], run.run_dir, *argv[1:])
+        line = only_line(err, "error:")
+        assert rc == 2 and len(err.splitlines()) == 1 and "Traceback" not in out + err
+        assert line.startswith(f"error: {config}: unknown config key 'foo'; known keys here: name, ")
+        assert line.endswith("; repair that file (it must hold a config this version of scalelong reads)")
+    config.write_text(config.read_text().replace("foo: 1\n", "").replace("seed: 0", "seed: -1"))
+    rc, _, err = cli(capsys, "sample", run.run_dir, "--n", 2, "--out", tmp_path / "s")
+    assert rc == 2 and only_line(err, "error:").startswith(f"error: {config}: train.seed=-1 is out of range")
+    # without config.yaml the newest checkpoint's copy is read: the error says that one is refused
+    config.unlink()
+    save_checkpoint(run.run_dir / "checkpoints", 20, build_model(run.model), build_model(run.model),
+                    {**config_to_dict(run), "foo": 1})  # fmt: skip
+    rc, out, err = cli(capsys, "sample", run.run_dir, "--n", 2, "--out", tmp_path / "s")
+    assert rc == 2 and "config.yaml is missing; using the config stored in step-000020" in out
+    assert only_line(err, "error:").startswith(
+        f"error: the config stored in a checkpoint of {run.run_dir} (config.yaml is missing or damaged): "
+        "unknown config key 'foo'"
+    )
+    assert not (tmp_path / "s").exists()

@@ -83,3 +83,44 @@ def test_train_prints_its_last_score_and_digit_score(tmp_path, capsys):
     assert "best step 5 re-scored: fd-mnist " in stdout
     assert "(6 samples, all the evaluation's)" in stdout  # its first 6 of 8: nothing drawn again
     assert "scalelong eval" not in stdout
+
+
+def test_a_seed_beyond_2_to_the_31_is_one_line_and_trains_nothing(tmp_path, capsys):
+    """torch.manual_seed refused it with a traceback once the run had started."""
+    args = ["train", "configs/demo_uvit.yaml", *tiny_uvit_overrides("seed", tmp_path, steps=2)]
+    code, stdout, stderr = run_cli(capsys, *args, "train.seed=100000000000000000000", "--no-progress")
+    assert code == 2 and "Traceback" not in stdout + stderr
+    assert stderr.strip().splitlines() == [
+        "error: train.seed=100000000000000000000 is out of range: a seed lies in [0, 2**31) = "
+        "[0, 2147483647]; choose one there"
+    ]
+    assert not (tmp_path / "seed").exists()
+
+
+def test_a_broken_ddpm_chain_is_refused_before_overwrite_removes_the_run(tmp_path, capsys):
+    """diffusion.num_steps=0 passed the setup and crashed at step 1, after --overwrite had removed the
+    run it was to replace: now the old run stays as it was."""
+    from scalelong.training.config import load_config, save_config
+
+    old = load_config("configs/demo_uvit.yaml", tiny_uvit_overrides("old", tmp_path, steps=2))
+    old.run_dir.mkdir()
+    save_config(old, old.run_dir / "config.yaml")
+    (old.run_dir / "metrics.jsonl").write_text('{"step": 1, "loss": 0.5}\n')
+    before = {p: p.read_bytes() for p in old.run_dir.iterdir()}
+    ddpm = ["diffusion.schedule=ddpm", "diffusion.time_sampling=uniform", "diffusion.num_steps=0"]
+    args = ["train", "configs/demo_uvit.yaml", *tiny_uvit_overrides("old", tmp_path, steps=2), *ddpm]
+    code, stdout, stderr = run_cli(capsys, *args, "--overwrite", "--no-progress")
+    assert code == 2 and "Traceback" not in stdout + stderr
+    (line,) = stderr.strip().splitlines()
+    assert line.startswith(
+        "error: diffusion.num_steps=0 must lie in [2, 1,000,000] for diffusion.schedule=ddpm"
+    )
+    assert {p: p.read_bytes() for p in old.run_dir.iterdir()} == before
+
+
+def test_info_refuses_a_uvit_without_context_tokens_in_one_line(capsys):
+    """torch.zeros(1, -1, 8) in the model check raised a RuntimeError traceback."""
+    args = ["info", "configs/demo_uvit.yaml", "model.uvit.context_dim=8", "model.uvit.context_tokens=-1"]
+    code, stdout, stderr = run_cli(capsys, *args)
+    assert code == 2 and "Traceback" not in stdout + stderr
+    assert stderr.strip().splitlines() == ["error: model.uvit.context_tokens must be > 0, got -1"]

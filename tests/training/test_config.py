@@ -76,3 +76,57 @@ def test_eval_config_validation() -> None:
 
 def test_the_config_knows_every_sampler_by_name() -> None:
     assert tuple(SAMPLERS) == SAMPLER_NAMES
+
+
+def test_seeds_lie_below_2_to_the_31() -> None:
+    """torch refuses seeds from 2**64 on, and the evaluation's seeds (train.seed * 1_000_003 + i) and the
+    sample grid's (train.seed * 100_003 + i) overflow there long before: a seed is refused up front."""
+    assert load_config(None, [f"train.seed={2**31 - 1}"]).train.seed == 2**31 - 1
+    for seed in (2**31, 10**13, 10**20, -1):
+        with pytest.raises(ScaleLongError, match=rf"^train.seed={seed} is out of range: .*\[0, 2147483647\]"):
+            load_config(None, [f"train.seed={seed}"])
+    folder = ["data.name=folder", "data.path=images", "data.channels=1", "model.uvit.in_channels=1"]
+    with pytest.raises(ScaleLongError, match=r"^data.heldout_seed=2147483648 is out of range"):
+        load_config(None, [*folder, f"data.heldout_seed={2**31}"])
+
+
+@pytest.mark.parametrize(
+    "override, words",
+    [
+        ("diffusion.num_steps=-5", r"diffusion.num_steps=-5 must lie in \[2, 1,000,000\]"),
+        ("diffusion.num_steps=0", r"diffusion.num_steps=0 must lie in \[2, "),
+        ("diffusion.num_steps=1", r"diffusion.num_steps=1 must lie in \[2, "),
+        ("diffusion.num_steps=10000000000", r"diffusion.num_steps=10000000000 must lie in \[2, "),
+        (
+            "diffusion.beta_start=-1",
+            r"diffusion.beta_start=-1 and beta_end=0.02 must satisfy 0 < beta_start < beta_end",
+        ),
+        ("diffusion.beta_start=0", r"diffusion.beta_start=0 and beta_end=0.02 must satisfy 0 < beta_start"),
+        ("diffusion.beta_end=2", r"diffusion.beta_start=0.0001 and beta_end=2 must satisfy .* < 1 "),
+        ("diffusion.beta_start=0.03", r"diffusion.beta_start=0.03 and beta_end=0.02 must satisfy"),
+    ],
+)
+def test_the_ddpm_chain_is_checked_before_anything_runs(override, words) -> None:
+    """num_steps 0 crashed at the first training step (after --overwrite had removed the old run), a beta
+    outside (0, 1) gave NaN noise levels: both schedules of the chain (linear, scaled_linear) refuse them."""
+    ddpm = ["diffusion.schedule=ddpm", "diffusion.time_sampling=uniform"]
+    for beta_schedule in ("linear", "scaled_linear"):
+        with pytest.raises(ScaleLongError, match=rf"^{words}"):
+            load_config(None, [*ddpm, f"diffusion.beta_schedule={beta_schedule}", override])
+    # vpsde reads none of the chain's keys, and the shipped ddpm configs pass
+    assert load_config(None, [override]).diffusion.schedule == "vpsde"
+    for preset in ("configs/cifar10_unet_ddpm.yaml", "configs/mscoco_uvit_s2_t2i.yaml"):
+        assert load_config(preset).diffusion.schedule == "ddpm"
+
+
+def test_uvit_conditioning_sizes_are_checked() -> None:
+    for override, words in [
+        ("model.uvit.num_classes=-3", "model.uvit.num_classes must be >= 0, got -3"),
+        ("model.uvit.context_dim=-1", "model.uvit.context_dim must be >= 0, got -1"),
+        ("model.uvit.context_tokens=0", "model.uvit.context_tokens must be > 0, got 0"),
+        ("model.uvit.context_tokens=-1", "model.uvit.context_tokens must be > 0, got -1"),
+    ]:
+        with pytest.raises(ScaleLongError, match=f"^{words}$"):
+            load_config("configs/demo_uvit.yaml", ["model.uvit.context_dim=8", override])
+    # context_tokens is read only with context_dim > 0
+    assert load_config("configs/demo_uvit.yaml", ["model.uvit.context_tokens=0"]).model.uvit.context_dim == 0

@@ -36,6 +36,19 @@ def at_least(minimum: int):
     return parse
 
 
+def seed(value: str) -> int:
+    """An argparse type: a seed in [0, 2**31), the range of train.seed (torch refuses seeds from 2**64 on,
+    with a traceback, and image i of ``sample`` is drawn from seed + i)."""
+    from scalelong.training.config import SEED_LIMIT
+
+    number = at_least(0)(value)
+    if number >= SEED_LIMIT:
+        raise argparse.ArgumentTypeError(
+            f"must be < 2**31 = {SEED_LIMIT}, got {number}; choose a smaller seed"
+        )
+    return number
+
+
 def checkpoint_step(value: str) -> int | str:
     """An argparse type: a checkpoint's step, or ``latest`` / ``best``."""
     if value in ("latest", "best"):

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import argparse
 
-from scalelong.cli.arguments import add_config_args, at_least, checkpoint_step
+from scalelong.cli.arguments import add_config_args, at_least, checkpoint_step, seed
 from scalelong.errors import ScaleLongError
 
 SAMPLE_DOC = (
@@ -114,7 +114,7 @@ def add_commands(sub) -> None:
     _add_checkpoint_args(p)
     p.add_argument("--n", type=at_least(1), required=True, help="number of images")
     p.add_argument("--out", required=True, help="folder for the PNGs and samples.npz")
-    p.add_argument("--seed", type=int, default=0, help="image i is drawn from seed + i")
+    p.add_argument("--seed", type=seed, default=0, help="image i is drawn from seed + i")
     p.add_argument(
         "--label", type=at_least(0), help="class of every image (class-conditional runs); default: cycle"
     )

@@ -425,10 +425,25 @@ def _positive(key: str, value: float, allow_zero: bool = False) -> None:
         raise ScaleLongError(f"{key} must be {'>= 0' if allow_zero else '> 0'}, got {value}")
 
 
+# Seeds lie in [0, 2**31): torch takes seeds below 2**64, and the seeds derived from train.seed (the
+# evaluation's train.seed * 1_000_003 + i, the sample grid's train.seed * 100_003 + i) must stay there.
+SEED_LIMIT = 2**31
+
+
+def check_seed(key: str, value: int) -> None:
+    """Refuse a seed outside [0, :data:`SEED_LIMIT`), naming ``key`` (a config key or a flag)."""
+    if not 0 <= value < SEED_LIMIT:
+        raise ScaleLongError(
+            f"{key}={value} is out of range: a seed lies in [0, 2**31) = [0, {SEED_LIMIT - 1}]; "
+            "choose one there"
+        )
+
+
 MODEL_TYPES = ("uvit", "unet", "diffusers_unet2d", "python")
 # Attention memory grows with the square of the tokens: 256x256 patches is far beyond any recipe.
 MAX_UVIT_TOKENS = 256 * 256
 MAX_IMG_SIZE = 4096  # image side of any backbone: a convolution over more is a mistake, not a run
+MAX_DDPM_STEPS = 1_000_000  # diffusion.num_steps: the recipes take 1,000; more is a typo that fills memory
 DATASETS = ("mnist", "cifar10", "celeba64", "imagenet64", "folder", "array", "coco_latents")
 FILE_DATASETS = ("folder", "celeba64", "imagenet64", "array")  # data.channels applies (array: must match)
 HELDOUT_DATASETS = ("folder", "array")  # no split of their own: data.heldout images are held out
@@ -518,6 +533,10 @@ def validate(cfg: Config) -> None:
             raise ScaleLongError(
                 f"model.uvit.embed_dim={u.embed_dim} must be divisible by num_heads={u.num_heads}"
             )
+        _positive("model.uvit.num_classes", u.num_classes, allow_zero=True)
+        _positive("model.uvit.context_dim", u.context_dim, allow_zero=True)
+        if u.context_dim > 0:  # only a text-conditional U-ViT has context tokens
+            _positive("model.uvit.context_tokens", u.context_tokens)
         tokens = (u.img_size // u.patch_size) ** 2
         if tokens > MAX_UVIT_TOKENS:
             raise ScaleLongError(
@@ -559,6 +578,8 @@ def validate(cfg: Config) -> None:
         )
     if not 0 < d.beta_min < d.beta_max:
         raise ScaleLongError("diffusion: need 0 < beta_min < beta_max")
+    if d.schedule == "ddpm":
+        _validate_ddpm(d)
     o = cfg.optim
     _positive("optim.lr", o.lr)
     _positive("optim.eps", o.eps)
@@ -576,7 +597,7 @@ def validate(cfg: Config) -> None:
         )
     _positive("train.log_every", t.log_every)
     _positive("train.cpu_processes", t.cpu_processes)
-    _positive("train.seed", t.seed, allow_zero=True)
+    check_seed("train.seed", t.seed)
     if not 0 <= t.ema_decay < 1:
         raise ScaleLongError(f"train.ema_decay must lie in [0, 1), got {t.ema_decay}")
     _choice("train.device", t.device, DEVICES)
@@ -681,7 +702,7 @@ def _validate_heldout(d: DataConfig, diagnostics: DiagnosticsConfig) -> None:
     if d.heldout is None:
         d.heldout = max(diagnostics.noise_levels, 0)
     _positive("data.heldout", d.heldout, allow_zero=True)
-    _positive("data.heldout_seed", d.heldout_seed, allow_zero=True)
+    check_seed("data.heldout_seed", d.heldout_seed)
     _choice("data.split", d.split, HELDOUT_SPLITS)
 
 
@@ -695,6 +716,22 @@ def _validate_channels(d: DataConfig, m: ModelConfig) -> None:
         raise ScaleLongError(
             f"data.channels={d.channels} reads the images {'as grey' if d.channels == 1 else 'as RGB'} but "
             f"model.{m.type}.in_channels={model_channels}; {fix}model.{m.type}.in_channels={d.channels}"
+        )
+
+
+def _validate_ddpm(d: DiffusionConfig) -> None:
+    """The discrete chain's keys (diffusion.schedule=ddpm; vpsde reads none of them): every beta of
+    the linear and the scaled_linear schedule then lies in (0, 1), so no step's noise level is NaN."""
+    if not 2 <= d.num_steps <= MAX_DDPM_STEPS:
+        raise ScaleLongError(
+            f"diffusion.num_steps={d.num_steps} must lie in [2, {MAX_DDPM_STEPS:,}] for "
+            "diffusion.schedule=ddpm; the recipes take 1000"
+        )
+    if not 0 < d.beta_start < d.beta_end < 1:
+        raise ScaleLongError(
+            f"diffusion.beta_start={d.beta_start:g} and beta_end={d.beta_end:g} must satisfy "
+            "0 < beta_start < beta_end < 1 for diffusion.schedule=ddpm; e.g. 0.0001 and 0.02 (linear) or "
+            "0.00085 and 0.012 (scaled_linear, Stable Diffusion's)"
         )
 
 

@@ -263,8 +263,25 @@ class RunDir(os.PathLike):
         )
 
     def config(self) -> Config:
-        """The run's typed config (see :meth:`stored_config`)."""
-        return config_from_dict(self.require().stored_config())
+        """The run's typed config (see :meth:`stored_config`); one that this version refuses (a
+        hand-edited config.yaml, a run of another version) is a ScaleLongError naming its file."""
+        data = self.require().stored_config()
+        try:
+            return config_from_dict(data)
+        except ScaleLongError as e:
+            error = e
+        # Say where: the bare message ("unknown config key 'foo'") reads as a mistake on the command line.
+        try:
+            in_file = read_yaml(self.config_file) == data
+        except ScaleLongError:
+            in_file = False  # stored_config fell back to a checkpoint's copy
+        if in_file:
+            fix = "repair that file (it must hold a config this version of scalelong reads)"
+            raise ScaleLongError(f"{self.config_file}: {error}; {fix}")
+        raise ScaleLongError(
+            f"the config stored in a checkpoint of {self.path} (config.yaml is missing or damaged): {error}; "
+            f"restore {self.config_file}"
+        )
 
     @property
     def metrics_log(self) -> MetricsLog:
