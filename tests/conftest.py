@@ -33,6 +33,16 @@ def _seed_and_threads():
 FP32_ONE_PROCESS = ["train.mixed_precision=no", "train.cpu_processes=1"]
 
 
+# A U-ViT of 2 blocks, width 16, with LS gates: a model whose checkpoints are a few KB.
+TINY_UVIT = [
+    "model.uvit.patch_size=8",
+    "model.uvit.embed_dim=16",
+    "model.uvit.depth=2",
+    "model.uvit.num_heads=2",
+    "model.skip.method=ls",
+]
+
+
 def tiny_uvit_overrides(name: str, out_dir, steps: int = 30, method: str = "none") -> list[str]:
     """Overrides that turn configs/demo_uvit.yaml into a tiny, fast run (its end-of-run noise-level probe
     on 16 held-out images: on the default 256 the probe costs more than the 30 steps)."""

@@ -5,6 +5,7 @@ import json
 
 import pytest
 
+from conftest import TINY_UVIT as TINY
 from scalelong.errors import ScaleLongError
 from scalelong.training.build import build_model
 from scalelong.training.checkpoint import (
@@ -16,14 +17,6 @@ from scalelong.training.checkpoint import (
 )
 from scalelong.training.config import config_to_dict, load_config, save_config
 from scalelong.training.runs import RunDir, load_model
-
-TINY = [
-    "model.uvit.patch_size=8",
-    "model.uvit.embed_dim=16",
-    "model.uvit.depth=2",
-    "model.uvit.num_heads=2",
-    "model.skip.method=ls",
-]
 
 
 def _run_with_two_checkpoints(tmp_path, overrides=TINY):

@@ -6,19 +6,12 @@ import pytest
 import torch
 import yaml
 
+from conftest import TINY_UVIT as TINY
 from scalelong.errors import ScaleLongError
 from scalelong.training.build import build_model
 from scalelong.training.checkpoint import save_checkpoint
 from scalelong.training.config import config_to_dict, load_config, save_config
 from scalelong.training.runs import MetricsLog, RunDir, config_differences, load_model
-
-TINY = [
-    "model.uvit.patch_size=8",
-    "model.uvit.embed_dim=16",
-    "model.uvit.depth=2",
-    "model.uvit.num_heads=2",
-    "model.skip.method=ls",
-]
 
 
 def test_the_layout_of_a_run_directory(tmp_path):
