@@ -228,7 +228,8 @@ class SkipScaling(nn.Module):
         num_skips: number of long skips N of the backbone.
         kappa: base of ``cs`` (and ``cs-init``): skip i gets ``kappa ** (i - 1)``; must lie in (0, 1].
         num_tokens: token count L of a transformer backbone; builds the LS token gate.
-        reduction: squeeze-excitation reduction ratio r of the LS gates.
+        reduction: squeeze-excitation reduction ratio r of the LS gates, an integer >= 1 (checked
+            for every method).
         skip_channels: channels of each skip (outermost first) of a convolutional backbone;
             builds :class:`ChannelGate` per skip (``ls-nonshare``) or one
             :class:`SharedChannelGate` (``ls``), and the GroupNorms of ``skip-norm``. Give either
@@ -263,6 +264,11 @@ class SkipScaling(nn.Module):
     ):
         super().__init__()
         check_method(method, kappa, num_skips)
+        if isinstance(reduction, bool) or not isinstance(reduction, int) or reduction < 1:
+            raise ScaleLongError(
+                f"the LS reduction (ls_reduction) must be an integer >= 1, got {reduction!r}; "
+                "the release uses 16"
+            )
         self.method = method
         self.num_skips = num_skips
         self.kappa = float(kappa)

@@ -117,6 +117,15 @@ def test_class_conditioning():
         model(x, t)
 
 
+def test_an_unconditional_unet_refuses_labels_instead_of_ignoring_them():
+    model = tiny()
+    x, t = inputs(2)
+    with pytest.raises(ScaleLongError, match=r"not class-conditional \(num_classes=0\).*num_classes > 0"):
+        model(x, t, torch.tensor([0, 1]))
+    with pytest.raises(ScaleLongError, match="must be an integer >= 1"):
+        tiny("ls-nonshare", ls_reduction=0)
+
+
 def test_info_prints_skip_table(capsys):
     assert main(["info", "configs/cifar10_unet_ddpm.yaml", "model.skip.method=ls-nonshare"]) == 0
     out = capsys.readouterr().out

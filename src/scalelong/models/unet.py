@@ -246,6 +246,11 @@ class UNet(nn.Module):
             if y is None:
                 raise ScaleLongError("this UNet is class-conditional: pass labels y")
             emb = emb + self.label_emb(y)
+        elif y is not None:
+            raise ScaleLongError(
+                "this UNet is not class-conditional (num_classes=0): it takes no labels y; "
+                "build it with num_classes > 0 to condition on labels"
+            )
         emb = F.silu(emb)  # (B, 4 * base); every block applies SiLU first, so do it once
 
         h = self.conv_in(x)

@@ -18,6 +18,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from scalelong.errors import ScaleLongError
 from scalelong.skips import DEFAULT_KAPPA, SkipScaling, skip_coefficients
 
 SKIP_LINEAR_INITS = ("release", "xavier")
@@ -137,9 +138,10 @@ class UViT(nn.Module):
         mlp_ratio: hidden width of the MLPs as a multiple of D.
         qkv_bias: bias on the qkv projection (the release has none).
         num_classes: > 0 adds a class token (labels 0 .. num_classes - 1) in front of the time
-            token, as the release does; 0 means unconditional.
+            token, as the release does; 0 means unconditional. ``forward`` then requires ``y``
+            (and refuses one when 0).
         context_dim: > 0 adds ``context_tokens`` text tokens projected from this width, after
-            the time token.
+            the time token; ``forward`` then requires ``context`` (and refuses one when 0).
         context_tokens: number of text tokens (77 for CLIP).
         conv_out: the release's final 3x3 convolution after unpatchify.
         mlp_conv: a depthwise 3x3 convolution over the patch grid inside every block's MLP
@@ -228,7 +230,9 @@ class UViT(nn.Module):
         nn.init.trunc_normal_(self.pos_embed, std=0.02)
         self.apply(_init_weights)
         if skip_linear_init not in SKIP_LINEAR_INITS:
-            raise ValueError(f"skip_linear_init={skip_linear_init!r}; choose one of {SKIP_LINEAR_INITS}")
+            raise ScaleLongError(
+                f"skip_linear_init={skip_linear_init!r}; choose one of {', '.join(SKIP_LINEAR_INITS)}"
+            )
         if skip_linear_init == "xavier":
             for blk in self.out_blocks:
                 nn.init.xavier_uniform_(blk.skip_linear.weight)
@@ -249,9 +253,11 @@ class UViT(nn.Module):
         """``skip_linear_skip_scale_init`` (and method ``cs-init``): cs's coefficients moved into the
         skip half of the weights."""
         if init not in SKIP_SCALE_INITS:
-            raise ValueError(f"skip_linear_skip_scale_init={init!r}; choose one of {SKIP_SCALE_INITS}")
+            raise ScaleLongError(
+                f"skip_linear_skip_scale_init={init!r}; choose one of {', '.join(SKIP_SCALE_INITS)}"
+            )
         if init != "none" and skip_method != "none":
-            raise ValueError(
+            raise ScaleLongError(
                 f"skip_linear_skip_scale_init={init!r} stands in for cs under skip_method='none'; "
                 f"with skip_method={skip_method!r} the skips would be scaled twice"
             )
@@ -285,9 +291,26 @@ class UViT(nn.Module):
         time_token = self.time_embed(timestep_embedding(t, self.embed_dim).to(x.dtype)).unsqueeze(1)
         tokens = [time_token]  # (B, 1, D)
         if self.label_emb is not None:
+            if y is None:
+                raise ScaleLongError("this UViT is class-conditional: pass labels y")
             tokens.insert(0, self.label_emb(y).unsqueeze(1))  # the label token comes first
+        elif y is not None:
+            raise ScaleLongError(
+                "this UViT is not class-conditional (num_classes=0): it takes no labels y; "
+                "build it with num_classes > 0 to condition on labels"
+            )
         if self.context_embed is not None:
+            if context is None:
+                n, width = self.extras - len(tokens), self.context_embed.in_features  # text tokens, width
+                raise ScaleLongError(
+                    f"this UViT is text-conditional: pass context, text embeddings of shape (B, {n}, {width})"
+                )
             tokens.append(self.context_embed(context))
+        elif context is not None:
+            raise ScaleLongError(
+                "this UViT is not text-conditional (context_dim=0): it takes no context; "
+                "build it with context_dim > 0 to condition on text"
+            )
         x = torch.cat([*tokens, x], dim=1) + self.pos_embed  # (B, L, D)
 
         skips = []
