@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 from scalelong.diagnostics import metric_names as names
 from scalelong.runlog.records import Records, as_float, series
-from scalelong.studies.heldout import heldout_x0_error
+from scalelong.studies.heldout import heldout_eps_error, heldout_x0_error
 
 
 @dataclass(frozen=True)
@@ -37,7 +37,11 @@ class DivergenceRule:
             "(x0) *x0*: its final held-out x0 error (the EMA's, on the fixed held-out images averaged over "
             "the noise levels, `noise/x0_mse@L`) is not finite or not below the mean image's error on the "
             "same images (`noise/x0_mse_mean_image`): the model denoises no better than predicting the "
-            "average digit, whatever its loss did. Only a run that logged no held-out error is judged by "
+            "average digit, whatever its loss did. A network that predicts the noise "
+            "(`diffusion.prediction=eps`) is judged instead by (eps) *eps*: its final held-out noise "
+            "error (`noise/eps_mse@L`, averaged the same way) is not finite or not below 1, the error of "
+            "predicting no noise (its x0 error divides the noise's by alpha^2, thousands of times at the "
+            "highest levels). Only a run that logged no held-out error is judged by "
             f"its loss instead, (b) *loss*: the mean of its last {self.smooth} logged losses does not end "
             f"below {self.loss_fraction:g} x the input-free loss over the same steps (`loss_input_free`: "
             "the loss of the best output that ignores the noisy input; runs logged without it: its "
@@ -107,23 +111,35 @@ def loss_collapse(
 COLLAPSED = "; the loss collapsed at step "  # how _x0 tells a collapse in its detail, which cause() reads
 
 
-def _x0(records: Records) -> Divergence | None:
-    """(x0): the final held-out x0 error (EMA) not finite or not below the mean image's; the detail
-    says where the loss collapsed, if it did (:func:`loss_collapse`)."""
-    error, step = heldout_x0_error(records), last_probe_step(records)
-    mean_image = next(
-        (v for r in reversed(records) if math.isfinite(v := as_float(r.get(names.X0_MEAN_IMAGE)))), math.nan
-    )
+def _x0(records: Records, prediction: str = "x0") -> Divergence | None:
+    """(x0): the final held-out x0 error (EMA) not finite or not below the mean image's; (eps), for
+    a network that predicts the noise: its final held-out noise error not below 1, the error of
+    predicting no noise. The detail says where the loss collapsed, if it did (:func:`loss_collapse`)."""
+    step = last_probe_step(records)
+    if prediction == "eps":
+        kind, error, baseline, of = (
+            "eps",
+            heldout_eps_error(records),
+            1.0,
+            "1, the error of predicting no noise",
+        )
+    else:
+        kind, error = "x0", heldout_x0_error(records)
+        baseline = next(
+            (v for r in reversed(records) if math.isfinite(v := as_float(r.get(names.X0_MEAN_IMAGE)))),
+            math.nan,
+        )
+        of = f"the mean image's {baseline:.3g}"
     if math.isnan(error) or step is None:
         return None
     if error == math.inf:
-        return Divergence("x0", step, "its final held-out x0 error is not finite")
-    if math.isfinite(mean_image) and not error < mean_image:
-        detail = f"final held-out x0 error {error:.3g} is not below the mean image's {mean_image:.3g}"
+        return Divergence(kind, step, f"its final held-out {kind} error is not finite")
+    if math.isfinite(baseline) and not error < baseline:
+        detail = f"final held-out {kind} error {error:.3g} is not below {of}"
         if collapse := loss_collapse(records):
             at, lowest, value, last = collapse
             detail += f"{COLLAPSED}{at} (from its lowest {lowest:.3g} to {value:.3g}; it ended at {last:.3g})"
-        return Divergence("x0", step, detail)
+        return Divergence(kind, step, detail)
     return None
 
 
@@ -166,20 +182,23 @@ def divergence(
     stopped: Mapping | None = None,
     warmup_steps: int = 0,
     rule: DivergenceRule = DEFAULT_RULE,
+    prediction: str = "x0",
 ) -> list[Divergence]:
     """Whether and how a run failed, judged from its logged records (:meth:`DivergenceRule.describe`):
-    (a) nonfinite, then (x0) where the run logged a held-out x0 error after step 0, else (b) loss;
+    (a) nonfinite, then (x0) (or (eps)) where the run logged a held-out error after step 0, else (b) loss;
     an empty list for a run that trained.
 
     ``stopped`` is the ``stopped`` entry of the run's summary.json (the non-finite policy ended
-    it there): such a run is judged by (a) alone. A criterion without data is not judged: (b)
-    needs ``rule.start_points`` finite losses and one logged after ``warmup_steps``.
+    it there): such a run is judged by (a) alone. ``prediction``: what the network predicts
+    (``diffusion.prediction``); one that predicts the noise is judged by (eps), not (x0). A
+    criterion without data is not judged: (b) needs ``rule.start_points`` finite losses and one
+    logged after ``warmup_steps``.
     """
     if (stopped_here := _nonfinite(records, stopped)) and stopped:
         return [stopped_here]
     found = [stopped_here] if stopped_here else []
     held_out = last_probe_step(records) is not None
-    quality = _x0(records) if held_out else _loss(records, warmup_steps, rule)
+    quality = _x0(records, prediction) if held_out else _loss(records, warmup_steps, rule)
     return found + ([quality] if quality else [])
 
 
@@ -214,9 +233,10 @@ def cause(d: Divergence) -> str:
     """A failure's cause as a study counts it: the criterion, and for a run stopped on non-finite
     steps where its last skipped step went non-finite (``fp16 overflow in forward at
     out_blocks.0.skip_linear``, ``gradient overflow``, ``non-finite output ... at MODULE``); for an
-    x0 failure whose loss collapsed on the way (:func:`loss_collapse`), ``x0 after a loss collapse``."""
-    if d.criterion == "x0" and COLLAPSED in d.detail:
-        return "x0 after a loss collapse"
+    x0 (or eps) failure whose loss collapsed on the way (:func:`loss_collapse`), ``x0 after a loss
+    collapse``."""
+    if d.criterion in ("x0", "eps") and COLLAPSED in d.detail:
+        return f"{d.criterion} after a loss collapse"
     if d.criterion != "nonfinite" or "; the last: " not in d.detail:
         return d.criterion
     return "nonfinite: " + skip_cause(d.detail.split("; the last: ", 1)[1])

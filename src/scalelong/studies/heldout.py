@@ -13,10 +13,11 @@ from scalelong.diagnostics import metric_names as names
 from scalelong.runlog.records import Records, as_float
 
 
-def _x0_levels(record: Mapping, weights: str) -> list[float]:
-    """The held-out x0 errors per noise level of one record (``noise/x0_mse@L``, or with
-    ``weights="raw"`` ``noise/raw/x0_mse@L``); empty where the record holds none."""
-    return [as_float(v) for k, v in record.items() if (p := names.parse_noise(k, weights)) and p[0] == "x0"]
+def _x0_levels(record: Mapping, weights: str, kind: str = "x0") -> list[float]:
+    """The held-out errors per noise level of one record (``noise/x0_mse@L``, or with
+    ``weights="raw"`` ``noise/raw/x0_mse@L``; ``kind="eps"``: the noise's, ``noise/eps_mse@L``);
+    empty where the record holds none."""
+    return [as_float(v) for k, v in record.items() if (p := names.parse_noise(k, weights)) and p[0] == kind]
 
 
 def _level_mean(values: Sequence[float]) -> float:
@@ -30,6 +31,15 @@ def heldout_x0_error(records: Records, weights: str = "ema") -> float:
     step 0 was logged; inf where the last one was not finite (the model's output was not)."""
     last = next((r for r in reversed(records) if int(r["step"]) > 0 and _x0_levels(r, weights)), None)
     return math.nan if last is None else _level_mean(_x0_levels(last, weights))
+
+
+def heldout_eps_error(records: Records) -> float:
+    """The last held-out error of the predicted noise after step 0 (``noise/eps_mse@L``, EMA),
+    averaged over the noise levels, as :func:`heldout_x0_error` reads the x0 error: what the failure
+    rule judges a network that predicts the noise by (its x0 error divides the noise's by alpha^2,
+    thousands of times at the highest levels). NaN where no probe was logged; inf where not finite."""
+    last = next((r for r in reversed(records) if int(r["step"]) > 0 and _x0_levels(r, "ema", "eps")), None)
+    return math.nan if last is None else _level_mean(_x0_levels(last, "ema", "eps"))
 
 
 def heldout_x0_series(records: Records, weights: str = "ema") -> tuple[list[int], list[float]]:

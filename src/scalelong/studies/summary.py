@@ -21,7 +21,7 @@ from scalelong.diagnostics import metric_names as names
 from scalelong.errors import ScaleLongError
 from scalelong.runlog.records import Records, as_float, load_metrics, series
 from scalelong.studies.divergence import DEFAULT_RULE, Divergence, DivergenceRule, divergence, feature_growth
-from scalelong.studies.heldout import heldout_x0_error, initial_x0_error
+from scalelong.studies.heldout import heldout_eps_error, heldout_x0_error, initial_x0_error
 from scalelong.studies.statistics import Contrast, contrast
 from scalelong.training.runs import RunDir
 
@@ -38,6 +38,7 @@ class StudyRun:
     path: Path | None = None  # its run directory
     seed: int | None = None  # its train.seed (None: not read, the run could not be)
     warmup_steps: int = 0  # its optim.warmup_steps: where feature growth is measured from
+    prediction: str = ""  # its diffusion.prediction: eps runs are judged by their noise error
 
 
 def read_run(run_dir: str | Path, rule: DivergenceRule = DEFAULT_RULE, error: str = "") -> StudyRun:
@@ -47,7 +48,9 @@ def read_run(run_dir: str | Path, rule: DivergenceRule = DEFAULT_RULE, error: st
         return StudyRun(run.name, [], {}, [], error or "no metrics", run.path)
     records, summary = load_metrics(run, print), run.summary or {}
     cfg = run.config()
-    breaks = divergence(records, summary.get("stopped"), cfg.optim.warmup_steps, rule)
+    breaks = divergence(
+        records, summary.get("stopped"), cfg.optim.warmup_steps, rule, cfg.diffusion.prediction
+    )
     return StudyRun(
         run.name,
         records,
@@ -56,6 +59,7 @@ def read_run(run_dir: str | Path, rule: DivergenceRule = DEFAULT_RULE, error: st
         path=run.path,
         seed=cfg.train.seed,
         warmup_steps=cfg.optim.warmup_steps,
+        prediction=cfg.diffusion.prediction,
     )
 
 
@@ -129,11 +133,13 @@ class SeedSummary:
     x0_error_raw: float = math.nan  # the same of the trained weights (``diagnostics.noise_levels_raw``)
     x0_error_start: float = math.nan  # of the untrained model, at step 0 (:func:`initial_x0_error`)
     x0_mean_image: float = math.nan  # the mean image's x0 error on the same held-out images
+    eps_error: float = math.nan  # held-out error of the predicted noise (:func:`heldout_eps_error`), EMA
     overflow_steps: float = math.nan  # steps an fp16 run's loss scaler skipped with a finite loss
     nonfinite_steps: float = math.nan  # steps skipped for a non-finite loss (or gradients, without a scaler)
     breaks: tuple[Divergence, ...] = ()  # the divergence rule's verdict; empty: healthy
     precision: str = ""  # what the run computed in (its provenance): fp32, bf16, fp16; "" unrecorded
     last_skipped: str = ""  # why its last skipped step was skipped (summary.json); "" none or unrecorded
+    prediction: str = ""  # what the network predicts (diffusion.prediction); "" unrecorded
 
 
 def summarise_run(run: StudyRun) -> SeedSummary:
@@ -154,11 +160,13 @@ def summarise_run(run: StudyRun) -> SeedSummary:
         x0_error_raw=heldout_x0_error(r, weights="raw"),
         x0_error_start=initial_x0_error(r),
         x0_mean_image=last_value(r, names.X0_MEAN_IMAGE),
+        eps_error=heldout_eps_error(r),
         overflow_steps=as_float(run.summary.get("overflow_steps")),
         nonfinite_steps=as_float(run.summary.get("nonfinite_steps")),
         breaks=tuple(run.breaks),
         precision=str((run.summary.get("provenance") or {}).get("precision") or ""),
         last_skipped=str(run.summary.get("last_skipped") or ""),
+        prediction=run.prediction,
     )
 
 

@@ -253,6 +253,28 @@ def test_a_run_that_logged_a_held_out_error_is_judged_by_it_not_by_its_loss():
     assert divergence([x0_probe({"step": 0}, 0.9), *fell]) == []
 
 
+def test_a_network_that_predicts_the_noise_is_judged_by_its_noise_error():
+    """An eps network's x0 error divides its noise error by alpha^2: 0.01 of noise error at a level
+    where alpha^2 = 1e-3 is an x0 error of 10, far past the mean image's 0.2, in a run that trained.
+    Its noise error against 1, the error of predicting no noise, judges it."""
+    fell = log([1.0, 0.8, 0.6, 0.4, 0.3, 0.3])
+
+    def probed(eps_error):
+        return [
+            *fell[:-1],
+            {**x0_probe(fell[-1], 10.0), **{f"noise/eps_mse@{lv:.2f}": eps_error for lv in (0.1, 0.5, 0.9)}},
+        ]
+
+    assert divergence(probed(0.05), prediction="eps") == []
+    assert [d.criterion for d in divergence(probed(0.05))] == ["x0"]  # read as x0, it would fail
+    (found,) = divergence(probed(1.02), prediction="eps")
+    assert (found.criterion, found.step) == ("eps", 60)
+    assert found.detail == "final held-out eps error 1.02 is not below 1, the error of predicting no noise"
+    assert [d.detail for d in divergence(probed(math.inf), prediction="eps")] == [
+        "its final held-out eps error is not finite"
+    ]
+
+
 def test_an_x0_failure_says_whether_its_loss_collapsed_or_never_fell():
     """merge-norm seed 3 at 6e-3 in fp16: trained to 0.23, rose to 0.75 at step 350 and stayed; seed 1
     at 2e-2 never left 0.6-0.9. Both end worse than the mean image; only the first is a collapse. A

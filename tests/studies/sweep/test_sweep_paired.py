@@ -205,6 +205,25 @@ def test_a_map_written_today_keeps_its_causes_and_sets_no_rule_beside_itself(tmp
     assert "recorded_criteria" not in json.loads((tmp_path / "again.json").read_text())["cells"][0]
 
 
+def test_a_map_judges_a_network_that_predicts_the_noise_by_its_noise_error(tmp_path):
+    row = {
+        **TODAY_ROW,
+        "heldout_x0_error": [12.0, 9.0],  # the x0 error of an eps network: its noise error / alpha^2
+        "heldout_eps_error": [0.05, 1.1],
+        "prediction": ["eps", "eps"],
+        "failed": [[], []],
+    }
+    (tmp_path / "map.json").write_text(json.dumps({"metric": "loss", "cells": [row]}))
+    cells, _, _ = read_map(tmp_path / "map.json")
+    assert [[str(b) for b in r.breaks] for r in cells[0].runs] == [
+        [],
+        ["eps: final held-out eps error 1.1 is not below 1, the error of predicting no noise"],
+    ]
+    write_map_json(cells, tmp_path / "again.json", "loss")
+    again = json.loads((tmp_path / "again.json").read_text())["cells"][0]
+    assert again["prediction"] == ["eps", "eps"] and again["heldout_eps_error"] == [0.05, 1.1]
+
+
 def test_a_held_out_error_without_a_mean_image_is_judged_by_the_loss(tmp_path):
     row = {**FIRST_ROW, "heldout_x0_error": [0.3, 0.15, 0.2]}  # logged before the mean image was
     (tmp_path / "map.json").write_text(json.dumps({"metric": "loss", "cells": [row]}))

@@ -42,11 +42,12 @@ COLUMNS = {
     "heldout_x0_error_raw": "x0_error_raw",
     "heldout_x0_error_start": "x0_error_start",
     "x0_mean_image": "x0_mean_image",
+    "heldout_eps_error": "eps_error",
     "overflow_steps": "overflow_steps",
     "nonfinite_steps": "nonfinite_steps",
 }
 # map.json column of text -> SeedSummary field ("" where the column or the value is missing)
-TEXT_COLUMNS = {"precision": "precision", "last_skipped": "last_skipped"}
+TEXT_COLUMNS = {"precision": "precision", "last_skipped": "last_skipped", "prediction": "prediction"}
 # What a report needs beyond the cells, and where today's writer puts it.
 EXPECTED = {"feature_growth": "feature growth", "failed": "verdicts by today's rule"}
 
@@ -93,6 +94,8 @@ def write_map_json(
             "heldout_x0_error_raw": [number(x) for x in c.values("x0_error_raw")],
             "heldout_x0_error_start": [number(x) for x in c.values("x0_error_start")],
             "x0_mean_image": [number(x) for x in c.values("x0_mean_image")],
+            "heldout_eps_error": [number(x) for x in c.values("eps_error")],
+            "prediction": [r.prediction or None for r in c.runs],
             "basin_cap": [number(r.cap) for r in basin_runs(c)],
             "basin_cap_source": [r.cap_source for r in basin_runs(c)],
             "basin_value": [number(r.value("ema")) for r in basin_runs(c)],
@@ -144,32 +147,31 @@ def _divergence(d: Mapping) -> Divergence:
 
 
 def judge(
-    said: Sequence[Mapping], written: Sequence[Mapping], x0: float, mean_image: float
+    said: Sequence[Mapping], written: Sequence[Mapping], kind: str, error: float, baseline: float
 ) -> tuple[Divergence, ...]:
     """Today's verdict on one run from a map's numbers. ``said``: the verdicts the map holds for it
-    (recorded under an earlier rule, else today's as written); ``written``: today's as written. (a)
-    where ``said`` has it end non-finite; (x0) where its held-out x0 error is missing (a map writes a
-    non-finite error as null) or not below the mean image's, with the step and cause the map wrote
-    for it where it wrote one (a loss collapse on the way); a run whose map has no held-out error, or
-    no mean image to judge it by, keeps its loss criterion."""
+    (recorded under an earlier rule, else today's as written); ``written``: today's as written;
+    ``kind``: ``x0`` (``error`` the held-out x0 error, ``baseline`` the mean image's) or ``eps`` (a
+    network that predicts the noise: its noise error against 1). (a) where ``said`` has it end
+    non-finite; (x0) or (eps) where the error is missing (a map writes a non-finite error as null) or
+    not below the baseline, with the step and cause the map wrote for it where it wrote one (a loss
+    collapse on the way); a run whose map has no held-out error, or no baseline to judge it by,
+    keeps its loss criterion."""
     found = tuple(_divergence(d) for d in said if d["criterion"] == "nonfinite")
     if found:
         return found
-    if math.isnan(mean_image):  # no held-out error to judge by in this study: the loss judges
+    if math.isnan(baseline):  # no held-out error to judge by in this study: the loss judges
         return tuple(_divergence(d) for d in said if d["criterion"] == "loss")
-    if x0 < mean_image:
+    if error < baseline:
         return ()
-    kept = [_divergence(d) for d in written if d["criterion"] == "x0"]
+    kept = [_divergence(d) for d in written if d["criterion"] == kind]
     if kept:
         return (kept[0],)
     step = max((int(d["step"]) for d in said if d.get("step") is not None), default=None)
-    if math.isnan(x0):
-        return (Divergence("x0", step, "its final held-out x0 error is not finite"),)
-    return (
-        Divergence(
-            "x0", step, f"final held-out x0 error {x0:.3g} is not below the mean image's {mean_image:.3g}"
-        ),
-    )
+    if math.isnan(error):
+        return (Divergence(kind, step, f"its final held-out {kind} error is not finite"),)
+    of = "1, the error of predicting no noise" if kind == "eps" else f"the mean image's {baseline:.3g}"
+    return (Divergence(kind, step, f"final held-out {kind} error {error:.3g} is not below {of}"),)
 
 
 def read_map(path: Path) -> tuple[list[CellSummary], list[str], dict[tuple, list[dict]]]:
@@ -225,9 +227,11 @@ def _cell(row: Mapping, metric: str, recorded_by_run: dict[tuple, list[dict]]) -
         text = {field: str(row[col][i] or "") for col, field in TEXT_COLUMNS.items() if col in row}
         if metric == "fd" and "final_fd" in row:
             values["final_fd"] = _value(row["final_fd"][i])
-        breaks = judge(
-            said[i], written[i], values.get("x0_error", math.nan), values.get("x0_mean_image", math.nan)
-        )
+        if text.get("prediction") == "eps":  # judged by its noise error against 1, as divergence() does
+            held = ("eps", values.get("eps_error", math.nan), 1.0)
+        else:
+            held = ("x0", values.get("x0_error", math.nan), values.get("x0_mean_image", math.nan))
+        breaks = judge(said[i], written[i], *held)
         seeds.append(SeedSummary(seed=s, breaks=breaks, **values, **text))
         if earlier:
             recorded_by_run[(cell.depth, cell.lr, cell.method, s)] = list(earlier[i])
