@@ -213,7 +213,7 @@ def test_save_load_round_trip_gives_identical_outputs(name, method, kappa, tmp_p
     remove_scalelong(fresh)  # a replayed declaration is an ordinary application
 
 
-@pytest.mark.parametrize("damage", ["flip", "truncate", "meta", "other-model"])
+@pytest.mark.parametrize("damage", ["flip", "truncate", "meta", "other-model", "shapes"])
 def test_a_damaged_or_mismatched_file_is_one_line_and_changes_nothing(name, damage, tmp_path):
     case, model = applied(name, "ls", reduction=4)
     save_scalelong(model, tmp_path, save_model=False)
@@ -226,12 +226,18 @@ def test_a_damaged_or_mismatched_file_is_one_line_and_changes_nothing(name, dama
         weights.write_bytes(weights.read_bytes()[:40])
     elif damage == "meta":
         meta.write_text(meta.read_text()[:-20])
-    else:  # a declaration that names a module this model does not have
+    elif damage == "other-model":  # a declaration that names a module this model does not have
         record = json.loads(meta.read_text())
         record["declaration"]["skips"][0]["module"] = "no.such.block"
         meta.write_text(json.dumps(record))
+    else:  # one skip's shape gone: the checksum covers the weights only, the installer must refuse it
+        record = json.loads(meta.read_text())
+        del record["declaration"]["shapes"][-1]
+        meta.write_text(json.dumps(record))
     fresh = case.build()
+    before = case.run(fresh)
     with pytest.raises(ScaleLongError) as info:
         load_scalelong(fresh, tmp_path)
     assert "\n" not in str(info.value)
     assert not is_applied(fresh) and not hasattr(fresh, "scalelong")  # nothing half-applied
+    assert torch.equal(case.run(fresh), before)

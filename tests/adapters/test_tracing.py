@@ -6,6 +6,8 @@ own SkipScaling calls) or with the layout an adapter declares, never with find_s
 """
 
 import copy
+import dataclasses
+import math
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -17,8 +19,9 @@ from torch import nn
 import adapter_fixtures as fx
 import tracing_fixtures as tfx
 from scalelong import describe, find_skips, load_scalelong, save_scalelong
-from scalelong.adapters import SkipInput, apply_scalelong, declared, remove_scalelong
+from scalelong.adapters import SkipInput, apply_scalelong, declared, is_applied, remove_scalelong
 from scalelong.adapters.declaration import locate
+from scalelong.diagnostics import Diagnostics
 from scalelong.errors import ScaleLongError
 from scalelong.skips import skip_table
 
@@ -200,6 +203,33 @@ def test_the_keyword_toy_matches_its_hand_declaration():
     apply_scalelong(b, "cs", 0.5, example=x)  # a single tensor is the one input
     assert declared.installed(a).skips == declared.installed(b).skips == tuple(found)
     assert torch.equal(a(x), b(x))
+
+
+def test_skips_found_on_one_model_watch_the_blocks_of_the_model_they_are_applied_to():
+    """find_skips keeps the blocks as paths: applied to a copy (an EMA, a second instance), the
+    diagnostics watch the copy's blocks, not those of the model that was traced."""
+    x, t = tfx.edm2_inputs()
+    traced = tfx.edm2_like()
+    found = find_skips(traced, x, t)
+    assert all(isinstance(path, str) for path in found.blocks.values())
+    copied = copy.deepcopy(traced)
+    apply_scalelong(copied, "cs", 0.7, skips=found)
+    watched = copied.scalelong.watched_blocks
+    assert list(watched) == list(found.blocks)
+    assert all(block is copied.get_submodule(path) for path, block in watched.items())
+    copied.train()
+    diag = Diagnostics(copied, every=1)
+    assert diag.arm(1)
+    copied(x, t).square().mean().backward()
+    record = diag.collect(1, 1.0)
+    norms = [record[f"block/{path}/feature_norm"] for path in found.blocks]
+    assert all(math.isfinite(v) and v > 0 for v in norms), norms
+    # blocks that are not the target's: one line, and nothing applied
+    stranger = tfx.edm2_like()
+    with pytest.raises(ScaleLongError, match="has no submodule 'enc.gone'") as info:
+        apply_scalelong(stranger, "cs", skips=dataclasses.replace(found, blocks={"gone": "enc.gone"}))
+    assert "\n" not in str(info.value)
+    assert not is_applied(stranger) and not hasattr(stranger, "scalelong")
 
 
 ADAPTED = ["ddpm-Unet", "UNet2DModel", "UNet2DConditionModel", "UTransformer2DModel", "UniDiffuserModel"]

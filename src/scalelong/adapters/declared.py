@@ -85,7 +85,7 @@ def install(
     num_tokens: int | None = None,
     skip_channels: Sequence[int] | None = None,
     reduction: int = 16,
-    blocks: Mapping[str, nn.Module] | None = None,
+    blocks: Mapping[str, nn.Module | str] | None = None,
     shapes: Sequence[tuple[int | None, ...]] | None = None,
 ) -> SkipScaling:
     """Scale the declared skip inputs of ``model`` in place; return the installed :class:`SkipScaling`.
@@ -94,9 +94,11 @@ def install(
     outermost first) size the LS gates; constant methods need neither. ``kappa=None`` takes the
     U-ViT default when ``num_tokens`` is given and the UNet default otherwise. ``blocks`` are the
     model's blocks, in forward order, whose features :class:`~scalelong.diagnostics.Diagnostics`
-    records; ``shapes`` each skip's shape without the batch (None for an unknown side), for
-    :func:`scalelong.skips.describe`. Raises :class:`ScaleLongError` before changing anything if the
-    declaration is wrong.
+    records: submodules of ``model`` or their dotted paths in it (what :func:`scalelong.find_skips`
+    gives, so a declaration found on one model fits every copy); ``shapes`` each skip's shape
+    without the batch (None for an unknown side), for :func:`scalelong.skips.describe`. Raises
+    :class:`ScaleLongError` before changing anything if the declaration is wrong, and takes back
+    what it had put on the model if anything fails after.
     """
     skips = [s if isinstance(s, SkipInput) else SkipInput(*s) for s in skips]
     if not skips:
@@ -117,35 +119,55 @@ def install(
             shapes = [(int(c), None, None) for c in skip_channels]
         else:
             shapes = [None if num_tokens is None else (num_tokens, None)] * len(skips)
+    shapes = _check_shapes(shapes, len(skips))
+    watched = _blocks(model, blocks or {})
     if kappa is None:
         kappa = DEFAULT_KAPPA["uvit" if num_tokens is not None else "unet"]
     scaling = SkipScaling(
         method, len(skips), kappa, num_tokens=num_tokens, reduction=reduction, skip_channels=skip_channels
     )
-    param = next(model.parameters(), None)
-    if param is not None:
-        scaling.to(device=param.device, dtype=param.dtype)
-    model.scalelong = scaling
-    for module, module_specs in grouped:
-        module.__dict__[_REF] = scaling  # not a submodule: the parameters belong to model.scalelong
-        module.__dict__[_SPECS] = module_specs
-        module.__dict__[_HOOK] = module.register_forward_pre_hook(_scale_inputs_hook, with_kwargs=True)
-    shapes = tuple(None if s is None else tuple(s) for s in shapes)
-    scaling.declare_sites(
-        [
-            SkipSite(s.module, input_text(spec.position, spec.name, spec.item), s.channels, shape)
-            for s, spec, shape in zip(*resolved, shapes, strict=True)
-        ]
-    )
-    model.__dict__[_INSTALLED] = Installed(
+    sites = [
+        SkipSite(s.module, input_text(spec.position, spec.name, spec.item), s.channels, shape)
+        for s, spec, shape in zip(*resolved, shapes, strict=True)
+    ]
+    scaling.declare_sites(sites)
+    record = Installed(
         tuple(resolved[0]),
         num_tokens,
         None if skip_channels is None else tuple(int(c) for c in skip_channels),
         shapes,
     )
-    if blocks:
-        scaling.watch_blocks(blocks)
+    param = next(model.parameters(), None)
+    if param is not None:
+        scaling.to(device=param.device, dtype=param.dtype)
+    # everything is checked: only now does the model change, and a failure takes all of it back
+    try:
+        model.scalelong = scaling
+        for module, module_specs in grouped:
+            module.__dict__[_REF] = scaling  # not a submodule: the parameters belong to model.scalelong
+            module.__dict__[_SPECS] = module_specs
+            module.__dict__[_HOOK] = module.register_forward_pre_hook(_scale_inputs_hook, with_kwargs=True)
+        model.__dict__[_INSTALLED] = record
+        if watched:
+            scaling.watch_blocks(watched)
+    except BaseException:
+        _undo(model, [module for module, _ in grouped], scaling)
+        raise
     return scaling
+
+
+def _undo(model: nn.Module, modules: Sequence[nn.Module], scaling: SkipScaling) -> None:
+    """Take back what :func:`install` had put on the model before it failed, whatever it had reached."""
+    for module in modules:
+        handle = module.__dict__.pop(_HOOK, None)
+        if handle is not None:
+            handle.remove()
+        module.__dict__.pop(_REF, None)
+        module.__dict__.pop(_SPECS, None)
+    model.__dict__.pop(_INSTALLED, None)
+    scaling.watch_blocks({})
+    if model._modules.get("scalelong") is scaling:
+        del model._modules["scalelong"]
 
 
 def remove(model: nn.Module) -> None:
@@ -202,6 +224,56 @@ def _check_own_modules(model: nn.Module, skips: Sequence[SkipInput]) -> None:
             f"skip {index}: SkipInput.module must be a submodule of the model or its path; this {what} is "
             f"not one of this {mine} (a declaration made for another model?); {fix}"
         )
+
+
+def _check_shapes(shapes: object, count: int) -> tuple[tuple[int | None, ...] | None, ...]:
+    """One shape (without the batch) or None per skip, as a tuple of tuples; one line otherwise."""
+    if isinstance(shapes, (str, bytes)) or not isinstance(shapes, Sequence) or len(shapes) != count:
+        given = len(shapes) if isinstance(shapes, Sequence) else type(shapes).__name__
+        raise ScaleLongError(f"shapes gives {given} skip shapes for {count} skips; give one per skip")
+
+    def size(side: object) -> bool:
+        return side is None or (isinstance(side, int) and not isinstance(side, bool) and side >= 0)
+
+    checked = []
+    for index, shape in enumerate(shapes, start=1):
+        ok = shape is None or (
+            isinstance(shape, Sequence) and not isinstance(shape, (str, bytes)) and all(map(size, shape))
+        )
+        if not ok:
+            raise ScaleLongError(
+                f"skip {index}: its shape must be a sequence of sizes (None where unknown), got {shape!r}"
+            )
+        checked.append(None if shape is None else tuple(shape))
+    return tuple(checked)
+
+
+def _blocks(model: nn.Module, blocks: Mapping[str, nn.Module | str]) -> dict[str, nn.Module]:
+    """The watched blocks as submodules of ``model``: a path is looked up in it, a module must be one
+    of its own (a block of another model would be watched in place of this one's, silently)."""
+    if not isinstance(blocks, Mapping):
+        raise ScaleLongError(
+            f"blocks must map names to submodules or their paths, got {type(blocks).__name__}"
+        )
+    own = {id(m) for m in model.modules()}
+    found: dict[str, nn.Module] = {}
+    for name, block in blocks.items():
+        if isinstance(block, str):
+            try:
+                found[name] = model.get_submodule(block)
+            except AttributeError:
+                raise ScaleLongError(
+                    f"block {name!r}: {type(model).__name__} has no submodule {block!r} (blocks found on "
+                    "another model?); give the paths as this model's named_modules() lists them"
+                ) from None
+        elif isinstance(block, nn.Module) and id(block) in own:
+            found[name] = block
+        else:
+            raise ScaleLongError(
+                f"block {name!r} is a {type(block).__name__} that is not a submodule of this "
+                f"{type(model).__name__} (a block of another model?); give its dotted path in this one"
+            )
+    return found
 
 
 def _check_not_applied(model: nn.Module, skips: Sequence[SkipInput]) -> None:

@@ -19,8 +19,16 @@ without the gates, so ``from_pretrained`` loads them with no unexpected key).
      "blocks": {"down_blocks.0": "down_blocks.0", ...},
      "weights": {"bytes": 1234, "sha256": "..."}}
 
+For a backbone that calls its ``SkipScaling`` itself (``"builtin": "skip_scaling"``), ``layout``
+holds every size the module is built from: ``num_tokens`` or ``skip_channels``, and ``skip_dim``,
+``merge_dim`` and ``norm_groups`` (the norms of ``skip-norm`` and ``merge-norm``; ``cs-init``
+needs a backbone that merges each skip through a layer of its own).
+
 Files written by earlier versions for diffusers UNets (method, kappa, reduction, num_skips and
 the weights' checksum only) still load: the UNet's layout is derived again.
+
+Both functions look through DDP, ``DataParallel`` and ``torch.compile`` wrappers: what is saved
+from a wrapped model loads into the plain one, and the other way round.
 """
 
 from __future__ import annotations
@@ -34,8 +42,9 @@ from torch import nn
 
 from scalelong.adapters import apply_scalelong, declared, remove_scalelong
 from scalelong.adapters.declared import SkipInput
+from scalelong.diagnostics.overflow import unwrap
 from scalelong.errors import ScaleLongError, first_line
-from scalelong.skips import SkipScaling
+from scalelong.skips import MERGE_LAYER_METHODS, SkipScaling
 
 META_FILE, WEIGHTS_FILE = "scalelong.json", "scalelong.safetensors"
 FORMAT = 1
@@ -47,10 +56,13 @@ def save_scalelong(model: nn.Module, directory: str | Path, save_model: bool | N
     Serves every model :func:`~scalelong.adapters.apply_scalelong` serves, the package's backbones
     built with a ``skip_method``, and any module that holds one of them. ``save_model``: also write
     the model's own files with its ``save_pretrained`` (diffusers), without the ScaleLong
-    parameters; None (the default) does so whenever the model has ``save_pretrained``.
+    parameters; None (the default) does so whenever the model has ``save_pretrained``. A DDP,
+    ``DataParallel`` or ``torch.compile`` wrapper is looked through: the folder is that of the
+    model inside, and loads into it unwrapped.
     """
     from safetensors.torch import save_file
 
+    model = unwrap(model)  # paths are recorded in the plain model, without '_orig_mod.' or 'module.'
     scaling, path = _scaling(model)
     at = path.rpartition(".")[0]  # the module that holds the SkipScaling
     owner = model.get_submodule(at) if at else model
@@ -107,10 +119,13 @@ def load_scalelong(model: nn.Module, directory: str | Path) -> nn.Module:
 
     The weights are checked against the size and sha256 that ``scalelong.json`` records first; a
     damaged or mismatched file, or a declaration that does not fit the model, is one
-    :class:`ScaleLongError` line, and the model is left as it was.
+    :class:`ScaleLongError` line, and the model is left as it was. A DDP, ``DataParallel`` or
+    ``torch.compile`` wrapper is looked through (ScaleLong goes on the model inside it); the
+    wrapper is returned as given.
     """
     from safetensors.torch import load as load_bytes
 
+    given, model = model, unwrap(model)
     directory = Path(directory)
     meta_path, weights_path = directory / META_FILE, directory / WEIGHTS_FILE
     if not meta_path.is_file() or not weights_path.is_file():
@@ -130,7 +145,7 @@ def load_scalelong(model: nn.Module, directory: str | Path) -> nn.Module:
         state = load_bytes(data)
     except Exception as e:  # safetensors raises several types for a damaged file
         raise ScaleLongError(f"{weights_path} is damaged ({type(e).__name__}); save it again") from None
-    target = _get(model, meta.get("at", ""), directory)
+    target = _get(model, _without_wrappers(model, meta.get("at", "")), directory)
     try:
         if meta.get("builtin"):
             _replace_builtin(target, meta, state, directory)
@@ -138,7 +153,7 @@ def load_scalelong(model: nn.Module, directory: str | Path) -> nn.Module:
             _replay(target, meta, state, directory)
     except ScaleLongError as e:
         raise ScaleLongError(f"{directory}: {e}") from None
-    return model
+    return given
 
 
 # ----------------------------------------------------------------------------- helpers
@@ -157,18 +172,42 @@ def _scaling(model: nn.Module) -> tuple[SkipScaling, str]:
 
 
 def _builtin_layout(owner: nn.Module, scaling: SkipScaling) -> dict[str, Any]:
-    """What sizes the gates of a backbone's own SkipScaling: its skips' shapes (``skip_shapes``)."""
-    if not scaling.learned:
-        return {"num_tokens": None, "skip_channels": None}
+    """Every size a backbone's own SkipScaling is built from, so that :func:`_replace_builtin` builds
+    it again: the skips' layout (``skip_shapes``: ``num_tokens`` or ``skip_channels``, and
+    ``skip_dim``, the width of token skips), the norms' sizes read off the module itself
+    (``skip-norm``: the LayerNorm width or the GroupNorms' widths and groups; ``merge-norm``: the
+    width after the merge layer) and, for ``cs-init``, the merge width that tells a backbone with a
+    merge layer per skip (the saved module was built, so the backbone has one)."""
+    layout: dict[str, Any] = {
+        "num_tokens": None,
+        "skip_channels": None,
+        "skip_dim": None,
+        "merge_dim": None,
+        "norm_groups": None,
+    }
     shapes = owner.skip_shapes(1) if callable(getattr(owner, "skip_shapes", None)) else None
-    if not shapes:
+    if shapes and len(shapes) == scaling.num_skips and len(shapes[0]) == 3:  # (B, L, D) tokens
+        layout.update(num_tokens=int(shapes[0][1]), skip_dim=int(shapes[0][2]))
+    elif shapes and len(shapes) == scaling.num_skips:  # (B, C, H, W) feature maps
+        layout["skip_channels"] = [int(s[1]) for s in shapes]
+    if scaling.learned and layout["num_tokens"] is None and layout["skip_channels"] is None:
         raise ScaleLongError(
             f"save_scalelong cannot tell the gate layout of {type(owner).__name__}: give it a "
             "skip_shapes(batch_size) method, as the package's backbones have"
         )
-    if len(shapes[0]) == 3:  # (B, L, D) tokens
-        return {"num_tokens": int(shapes[0][1]), "skip_channels": None}
-    return {"num_tokens": None, "skip_channels": [int(s[1]) for s in shapes]}
+    norms = list(scaling.norms)
+    if scaling.method == "skip-norm" and norms:
+        if all(isinstance(n, nn.GroupNorm) for n in norms):  # feature maps: the widths are the norms'
+            layout["skip_channels"] = [int(n.num_channels) for n in norms]
+            # each GroupNorm has min(norm_groups, width) groups: the largest gives them all back
+            layout["norm_groups"] = max(int(n.num_groups) for n in norms)
+        elif all(isinstance(n, nn.LayerNorm) for n in norms):
+            layout["skip_dim"] = int(norms[0].normalized_shape[-1])
+    elif scaling.method == "merge-norm" and norms:
+        layout["merge_dim"] = int(norms[0].normalized_shape[-1])
+    elif scaling.method in MERGE_LAYER_METHODS:  # cs-init: the value only says there is a merge layer
+        layout["merge_dim"] = layout["skip_dim"]
+    return layout
 
 
 def _block_paths(owner: nn.Module, scaling: SkipScaling) -> dict[str, str] | None:
@@ -198,6 +237,18 @@ def _read_meta(meta_path: Path) -> dict[str, Any]:
             f"{meta_path} was written by a newer scalelong (format {meta['format']}); upgrade it"
         )
     return meta
+
+
+def _without_wrappers(model: nn.Module, path: object) -> object:
+    """``at`` without the wrapper prefixes (``module.``, ``_orig_mod.``) that earlier versions recorded
+    when saving a wrapped model, where this model has no such submodule."""
+    while isinstance(path, str) and path.split(".")[0] in ("module", "_orig_mod"):
+        try:
+            model.get_submodule(path)
+            break
+        except AttributeError:
+            path = path.partition(".")[2]
+    return path
 
 
 def _get(model: nn.Module, path: str, directory: Path) -> nn.Module:
@@ -270,20 +321,55 @@ def _replace_builtin(target: nn.Module, meta: dict[str, Any], state: dict, direc
     if current.num_skips != meta["num_skips"]:
         raise ScaleLongError(f"saved for {meta['num_skips']} skips but this model has {current.num_skips}")
     layout = meta.get("layout") or {}
-    new = SkipScaling(
-        meta["method"],
-        meta["num_skips"],
-        meta["kappa"],
-        num_tokens=layout.get("num_tokens"),
-        reduction=meta.get("reduction", 16),
-        skip_channels=layout.get("skip_channels"),
-    )
+    _check_builtin_layout(target, layout)
+    sizes = {k: layout[k] for k in ("skip_dim", "merge_dim", "norm_groups") if layout.get(k) is not None}
+    try:
+        new = SkipScaling(
+            meta["method"],
+            meta["num_skips"],
+            meta["kappa"],
+            num_tokens=layout.get("num_tokens"),
+            reduction=meta.get("reduction", 16),
+            skip_channels=layout.get("skip_channels"),
+            **sizes,
+        )
+    except (TypeError, ValueError) as e:  # a layout this version cannot read
+        raise ScaleLongError(
+            f"{META_FILE} holds a layout this version cannot read ({e!r}); save it again"
+        ) from None
     try:
         new.load_state_dict(state)
     except RuntimeError as e:
         raise ScaleLongError(f"{WEIGHTS_FILE} does not fit this model: {first_line(e, lines=3)}") from None
-    param = next(current.parameters(), None) or next(target.parameters(), None)
+    # never `a or b` on parameters: bool() of a tensor of more than one value raises
+    param = next(current.parameters(), None)
+    if param is None:
+        param = next(target.parameters(), None)
     if param is not None:
         new.to(device=param.device, dtype=param.dtype)
     parent_path, _, name = path.rpartition(".")
     setattr(target.get_submodule(parent_path) if parent_path else target, name, new)
+
+
+def _check_builtin_layout(target: nn.Module, layout: dict[str, Any]) -> None:
+    """Refuse, in one line, a layout saved from a backbone whose skips are not this one's: token
+    skips into a convolutional backbone, other widths or token counts (the norms of ``skip-norm``
+    and ``merge-norm`` would load, but serve skips the model does not make). What the file does not
+    record (earlier versions recorded the gates' sizes only) is not compared."""
+    shapes = target.skip_shapes(1) if callable(getattr(target, "skip_shapes", None)) else None
+    if not shapes:
+        return
+    tokens, width, channels = layout.get("num_tokens"), layout.get("skip_dim"), layout.get("skip_channels")
+    if len(shapes[0]) == 3:  # (B, L, D)
+        mine = f"token skips of {shapes[0][1]} tokens of width {shapes[0][2]}"
+        fits = channels is None and tokens in (None, shapes[0][1]) and width in (None, shapes[0][2])
+    else:  # (B, C, H, W)
+        mine = f"feature-map skips of {[s[1] for s in shapes]} channels"
+        fits = tokens is None and width is None and channels in (None, [s[1] for s in shapes])
+    if not fits:
+        saved = (
+            f"feature-map skips of {list(channels)} channels"
+            if channels is not None
+            else f"token skips of {tokens} tokens of width {width}"
+        )
+        raise ScaleLongError(f"saved from a backbone with {saved}; this {type(target).__name__} has {mine}")

@@ -80,11 +80,15 @@ class FoundSkips(Sequence):
     """The declaration :func:`scalelong.find_skips` read off a model: a sequence of
     :class:`SkipInput` (outermost first, modules as paths), so ``apply_scalelong(model, method,
     skips=found)`` installs it as is; ``scalelong.describe(found)`` and ``print(found)`` list it in
-    the table of ``scalelong.skips.skip_table``, with where each skip is made."""
+    the table of ``scalelong.skips.skip_table``, with where each skip is made.
+
+    ``blocks`` names the blocks whose features the diagnostics record, in forward order, each by
+    its dotted path: plain data like the skips, so the declaration fits the traced model and every
+    copy of it (the installer looks each path up in the model it is applied to)."""
 
     records: tuple[TracedSkip, ...]
     model: str = ""  # the class name of the traced model, for messages
-    blocks: Mapping[str, nn.Module] = field(default_factory=dict, compare=False, repr=False)
+    blocks: Mapping[str, str] = field(default_factory=dict, compare=False, repr=False)  # name -> path
 
     def __getitem__(self, i):
         if isinstance(i, slice):
@@ -120,7 +124,8 @@ class FoundSkips(Sequence):
         return None
 
     def install_kwargs(self) -> dict[str, Any]:
-        """Keyword arguments of the installer (``scalelong.adapters.declared.install``) for these skips."""
+        """Keyword arguments of the installer (``scalelong.adapters.declared.install``) for these skips:
+        modules, blocks included, as paths, which the installer resolves in the model it is given."""
         sizes = {"skip_channels": self.skip_channels, "num_tokens": self.num_tokens}
         if sizes["skip_channels"] is not None:
             sizes["num_tokens"] = None
@@ -625,11 +630,12 @@ def _check_called_once(calls: list[_Call], chosen: list[Merge], name: str) -> No
             )
 
 
-def _blocks(reading: Reading, parent: _Call | None) -> dict[str, nn.Module]:
+def _blocks(reading: Reading, parent: _Call | None) -> dict[str, str]:
     """The children of the call that merges the skips, in forward order, whose output depends on
-    the image (not the time embedding): the blocks whose features the diagnostics record."""
-    blocks: dict[str, nn.Module] = {}
+    the image (not the time embedding): the blocks whose features the diagnostics record, each
+    named by its path (the path, not the module: the found skips also serve copies of the model)."""
+    blocks: dict[str, str] = {}
     for call in reading.calls:
         if call.parent is parent and call.out_bits & reading.x_bit and call.path not in blocks:
-            blocks[call.path] = call.module
+            blocks[call.path] = call.path
     return blocks
