@@ -6,7 +6,8 @@ end), with the four lines ScaleLong adds to any loop:
 
 * ``apply_scalelong(unet, method, kappa)`` after building the UNet and before the optimizer;
 * ``Diagnostics(unet, every=N)``, whose ``arm(step)`` installs its hooks before the forward of a
-  logged step and ``collect(step, loss)`` reads them after backward, before the optimizer step;
+  logged step and ``collect(step, loss, grad_scale=...)`` reads them after backward, before the
+  optimizer step (``grad_scale``: the fp16 loss scale the gradients still carry there, else 1);
 * ``RunLog(output_dir)``, which writes ``metrics.jsonl`` as ``scalelong train`` does, so
   ``scalelong analyze OUTPUT_DIR`` draws the hidden-feature norm, gradient oscillation and skip
   coefficients of this run;
@@ -332,8 +333,11 @@ def train(args: argparse.Namespace) -> None:
             }[args.prediction_type]
             logged = diag.arm(step)  # True on logged steps: hooks for this forward
             loss = F.mse_loss(unet(noisy, t).sample.float(), target.float())
-            accelerator.backward(loss)
-            record = diag.collect(step, loss.item())  # after backward, before step; {} if not armed
+            accelerator.backward(loss)  # under fp16: (loss * the GradScaler's scale).backward()
+            # The gradients still carry that scale here (clip_grad_norm_ unscales them next), so the
+            # diagnostics divide it out of their gradient norms; 1 without a scaler (bf16, fp32).
+            grad_scale = accelerator.scaler.get_scale() if logged and accelerator.scaler is not None else 1.0
+            record = diag.collect(step, loss.item(), grad_scale=grad_scale)  # before step; {} if not armed
             if args.max_grad_norm > 0:
                 accelerator.clip_grad_norm_(unet.parameters(), args.max_grad_norm)
             optimizer.step()

@@ -55,7 +55,8 @@ def test_fp16_headroom_rules():
     assert fp16_headroom([1.0, 6550.4, 3.0]) == pytest.approx(10.0)
     assert fp16_headroom([0.0]) == math.inf
     assert fp16_headroom([1.0, math.inf]) == 0.0  # in fp16 an overflow is inf
-    assert math.isnan(fp16_headroom([1.0, math.nan])) and math.isnan(fp16_headroom([]))
+    assert fp16_headroom([1.0, math.nan]) == 0.0  # ... which the next norm layer turns into NaN
+    assert math.isnan(fp16_headroom([]))  # nothing measured: nothing can be said
 
 
 def own_loop(folder, scale_from: int, scale: float, steps: int = 4) -> list[dict]:
@@ -114,3 +115,46 @@ def test_the_line_names_the_largest_tensor_of_the_first_close_step_and_an_overfl
         "skip/2/absmax_in = 1.31e+05 (headroom 0.5); lowest headroom 0.5 at step 30"
     )
     assert headroom_warning(records[:2]) is None
+
+
+def test_a_real_fp16_overflow_has_headroom_0_and_the_line(tmp_path, capsys):
+    """A half-precision U-ViT: step 1 is normal, step 2's input x3e4 overflows fp16 to inf, and the
+    LayerNorm after it turns the inf into NaN, so every block's absmax is NaN. That is no headroom."""
+    torch.manual_seed(0)
+    model = UViT(8, 2, 1, 16, 2, 2).half()
+    records = []
+    with Diagnostics(model, every=1) as diag, RunLog(tmp_path / "fp16") as log:
+        for step, scale in ((1, 1.0), (2, 3e4)):
+            x = (torch.randn(4, 1, 8, 8) * scale).half()
+            diag.arm(step)
+            loss = (model(x, torch.rand(4).half()).float() - x.float()).pow(2).mean()
+            loss.backward()
+            records.append(log.write(step, diag.collect(step, loss.item()), loss=loss.item()))
+            model.zero_grad()
+    normal, overflow = records
+    assert normal["fp16/headroom"] > 10
+    absmax = {k: v for k, v in overflow.items() if k.startswith("block/") and k.endswith("/absmax")}
+    assert len(absmax) == 3 and all(math.isnan(v) for v in absmax.values())  # as the reviewer saw
+    assert overflow["fp16/headroom"] == 0.0  # was: NaN, and no warning
+    assert overflow["fp16/headroom_ops"] == 0.0  # the per-op headroom agrees
+    line = headroom_warning(records)
+    assert line is not None and line.startswith(
+        "fp16 headroom: at step 2 the run went past fp16's largest value (65504): "
+    )
+    assert line.endswith("(headroom 0); lowest headroom 0 at step 2")
+    assert main(["analyze", str(tmp_path / "fp16")]) == 0  # read back from metrics.jsonl
+    assert [x for x in capsys.readouterr().out.splitlines() if "headroom" in x] == [line]
+
+
+def test_at_headroom_0_the_line_names_an_inf_first_then_a_nan():
+    record = {"step": 5, "fp16/headroom": 0.0, "skip/1/absmax_in": 300.0, "block/a/absmax": "nan",
+              "block/b/absmax": "inf", "block/c/absmax": "nan"}  # fmt: skip
+    assert headroom_warning([record]) == (
+        "fp16 headroom: at step 5 the run went past fp16's largest value (65504): "
+        "block/b/absmax = inf (headroom 0); lowest headroom 0 at step 5"
+    )
+    no_inf = {**record, "block/b/absmax": 7.0}
+    assert "block/a/absmax = nan (headroom 0)" in headroom_warning([no_inf])
+    # At a finite headroom a NaN is a block that did not run: the largest measured value is named.
+    missing = {"step": 6, "fp16/headroom": 0.5, "block/a/absmax": "nan", "skip/1/absmax_in": 131008.0}
+    assert "skip/1/absmax_in = 1.31e+05 (headroom 0.5)" in headroom_warning([missing])

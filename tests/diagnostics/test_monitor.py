@@ -253,3 +253,61 @@ def test_a_foreign_probe_is_not_overwritten():
     model.skip_scaling.probe = lambda *args: None
     with pytest.raises(ScaleLongError, match="another probe"):
         Diagnostics(model)
+
+
+# ----------------------------------------------------------------------------- under a loss scaler
+
+
+def scaler_steps(scaled: bool, steps: int = 3) -> dict[int, dict[str, float]]:
+    """Three logged SGD steps of a tiny U-ViT on the same batches: a plain backward, or fp16's
+    recipe with a GradScaler whose scale doubles every step (65536, 131072, 262144), the scale
+    handed to collect. Scaling by a power of 2 is exact, so both runs take the same steps."""
+    torch.manual_seed(0)
+    model = tiny_uvit("cs")
+    opt = torch.optim.SGD(model.parameters(), lr=1e-3)
+    scaler = torch.amp.GradScaler("cpu", init_scale=2.0**16, growth_interval=1) if scaled else None
+    gen = torch.Generator().manual_seed(0)
+    records = {}
+    with Diagnostics(model, every=1) as diag:
+        for step in range(1, steps + 1):
+            diag.arm(step)
+            loss = training_loss(model, VPSDE(), torch.randn(4, 1, 8, 8, generator=gen), gen).mean()
+            if scaler is None:
+                loss.backward()
+                records[step] = diag.collect(step, loss.item())
+                opt.step()
+            else:
+                scaler.scale(loss).backward()
+                records[step] = diag.collect(step, loss.item(), grad_scale=scaler.get_scale())
+                records[step]["scale"] = scaler.get_scale()
+                scaler.step(opt)
+                scaler.update()
+            opt.zero_grad()
+    return records
+
+
+def test_grad_scale_gives_the_gradient_norms_of_a_plain_backward():
+    plain, scaled = scaler_steps(scaled=False), scaler_steps(scaled=True)
+    assert [scaled[s]["scale"] for s in (1, 2, 3)] == [2.0**16, 2.0**17, 2.0**18]  # the scaler changed it
+    for step in (1, 2, 3):
+        for name in BLOCKS:
+            key = f"block/{name}/grad_norm"
+            assert scaled[step][key] == pytest.approx(plain[step][key], rel=1e-5)  # was: x 65536 on step 1
+        assert scaled[step]["block_grad_norm"] == pytest.approx(plain[step]["block_grad_norm"], rel=1e-5)
+        assert scaled[step]["feature_norm"] == pytest.approx(plain[step]["feature_norm"], rel=1e-5)
+        # fp16/headroom_grad is of the gradients fp16 holds in backward: the scaled ones, not divided
+        assert scaled[step]["fp16/headroom_grad"] == pytest.approx(
+            plain[step]["fp16/headroom_grad"] / scaled[step]["scale"], rel=1e-5
+        )
+    # No fake oscillation when the scale doubles: the windows hold the true norms.
+    for stat in ("std", "range", "peak_ratio"):
+        key = f"osc/block_grad_norm_{stat}"
+        assert scaled[3][key] == pytest.approx(plain[3][key], rel=1e-4)
+
+
+@pytest.mark.parametrize("scale", [0.0, -1.0, math.nan, math.inf])
+def test_grad_scale_must_be_finite_and_positive(scale):
+    diag = Diagnostics(tiny_uvit(), every=1)
+    assert diag.arm(1)
+    with pytest.raises(ScaleLongError, match=r"grad_scale=.*finite and positive"):
+        diag.collect(1, 1.0, grad_scale=scale)

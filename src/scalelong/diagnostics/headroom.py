@@ -16,19 +16,24 @@ HEADROOM_WARNING = 10.0  # `scalelong analyze` speaks up when a run came within 
 def fp16_headroom(absmaxes: Iterable[float]) -> float:
     """``FP16_MAX`` / the largest of ``absmaxes`` (the recorded largest absolute values): how many
     times larger the features could grow before half precision overflows. Below 1 they already
-    exceed it (measured in fp32 or bf16; in fp16 they are inf, giving 0). NaN when a value is NaN
-    (nothing can be said) or none was measured; inf when every value is 0."""
+    exceed it (measured in fp32 or bf16). 0 when a value is not finite, inf or NaN: that is an
+    overflow, not an unknown (in fp16 an overflow is inf, and the next LayerNorm or GroupNorm turns
+    it into NaN, so every block after it reports NaN). NaN when none was measured; inf when every
+    value is 0."""
     values = list(absmaxes)
-    if not values or any(math.isnan(v) for v in values):
+    if not values:
         return math.nan
+    if not all(math.isfinite(v) for v in values):
+        return 0.0
     largest = max(values)
     return FP16_MAX / largest if largest > 0 else math.inf
 
 
 def headroom_warning(records: Sequence[Mapping[str, object]]) -> str | None:
-    """One line when a run came within ``HEADROOM_WARNING`` times of fp16's largest finite value:
-    the first such step, the tensor with the largest absolute value there and that value, and the
-    lowest headroom of the run; None when it never did (or logged no ``fp16/headroom``)."""
+    """One line when a run came within ``HEADROOM_WARNING`` times of fp16's largest finite value
+    (an overflow, headroom 0, included): the first such step, the tensor with the largest absolute
+    value there (a non-finite one first) and that value, and the lowest headroom of the run; None
+    when it never did (or logged no ``fp16/headroom``)."""
 
     def number(value: object) -> float:
         try:
@@ -45,7 +50,15 @@ def headroom_warning(records: Sequence[Mapping[str, object]]) -> str | None:
         return None
     step, headroom, record = min(close, key=lambda c: c[0])
     absmax = {k: number(v) for k, v in record.items() if metric_names.is_absmax(str(k))}
-    tensor, value = max(absmax.items(), key=lambda kv: kv[1], default=("?", math.nan))
+    # At headroom 0 a NaN is the overflow too (an inf a norm layer turned NaN): it ranks below an inf
+    # and above every finite value, the first of ties first. At any other headroom every measured
+    # value was finite, and a NaN is a block or skip that did not run.
+    nan_rank = (1, 0.0) if headroom == 0 else (-1, 0.0)
+
+    def rank(kv: tuple[str, float]) -> tuple[int, float]:
+        return nan_rank if math.isnan(kv[1]) else (2, 0.0) if math.isinf(kv[1]) else (0, kv[1])
+
+    tensor, value = max(absmax.items(), key=rank, default=("?", math.nan))
     lowest_step, lowest, _ = min(close, key=lambda c: c[1])
     came = "went past" if headroom < 1 else f"came within {HEADROOM_WARNING:g}x of"
     return (

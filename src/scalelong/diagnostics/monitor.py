@@ -14,6 +14,8 @@ Per step the protocol is two calls: ``arm(step)`` before the forward (True on a 
 whose forward it then listens to; False, and nothing runs, on any other), ``collect(step, loss)``
 after backward and before ``optimizer.step()`` / ``zero_grad()`` (it reads the gradients and
 returns the record; ``{}`` on a step that was not armed, leaving the oscillation windows alone).
+Under a loss scaler (fp16) the gradients still carry the loss scale there: pass it,
+``collect(step, loss, grad_scale=scaler.get_scale())`` (see :meth:`Diagnostics.collect`).
 Misuse is never silent: a step armed and not collected warns when the next one is armed,
 ``collect`` for another step than the armed one and arming after :meth:`Diagnostics.detach` are
 errors. Create :class:`Diagnostics` after ``apply_scalelong``; it listens from construction.
@@ -26,18 +28,21 @@ Metric names (flat, ready for metrics.jsonl and TensorBoard; skip 1 is the outer
   for constant methods all three equal the constant; left out under ``skip-norm``, which has
   none); ``skip/<i>/absmax_in``: the largest absolute value of skip i before scaling.
 * ``block/<name>/feature_norm``: mean per-sample L2 norm of the block's output (the paper's
-  "norm of feature", Fig. 1); ``block/<name>/grad_norm``: L2 norm of its parameter gradient;
+  "norm of feature", Fig. 1); ``block/<name>/grad_norm``: L2 norm of its parameter gradient
+  (the true one: divided by ``collect``'s ``grad_scale``, the loss scale the gradients carry);
   ``block/<name>/absmax``: the largest absolute value of its output.
   Block names are those of :func:`find_blocks` (a diffusers UNet: ``down_blocks.0``, ...,
   ``mid_block``, ``up_blocks.0``, ...).
 * ``fp16/headroom``: fp16's largest finite value, 65,504, over the largest of this step's
   ``absmax`` and ``absmax_in``: how many times the features could still grow before half
-  precision overflows (:func:`fp16_headroom`). ``scalelong analyze`` prints one line when a run
-  came within 10x of it (:func:`headroom_warning`).
+  precision overflows (:func:`fp16_headroom`); 0 when one of them is inf or NaN (in fp16 an
+  overflow is inf, which the next LayerNorm or GroupNorm turns into NaN). ``scalelong analyze``
+  prints one line when a run came within 10x of it (:func:`headroom_warning`).
 * ``fp16/headroom_ops``: 65,504 over the largest output ``|value|`` of the step's fp16 ops (the
   modules fp16 autocast runs in half precision, :func:`scalelong.diagnostics.overflow.fp16_ops`: every Linear
   and convolution, attention, the U-ViT's ``skip_linear`` merge); ``fp16/headroom_grad``: the same
-  of the gradients reaching those outputs (the scaled ones under a GradScaler: what fp16 holds);
+  of the gradients reaching those outputs (the scaled ones under a GradScaler, measured in
+  backward: what fp16 holds; ``grad_scale`` leaves it alone);
   ``fp16/least_op``: the name of the op with the largest output, the one with the least headroom.
   A non-finite value counts as inf (headroom 0). Measured in fp32, bf16 and fp16 runs alike;
   :meth:`Diagnostics.locate_overflow` names the first op that overflows in a forward.
@@ -146,9 +151,11 @@ class Diagnostics:
 
     It listens from construction. Each step, ``arm(step)`` before the forward, and
     ``collect(step, loss)`` after backward, before the optimizer step (an empty record on steps
-    that were not armed). ``detach()`` (or the end of a ``with`` block) removes every hook. On a
-    step whose loss is not finite, ``locate_overflow(lambda: model(x_t, t))`` names the first op
-    whose output went past fp16's range in that forward.
+    that were not armed; under an fp16 loss scaler ``collect(step, loss, grad_scale=...)``, the
+    scale the gradients carry, so the gradient norms are the true ones). ``detach()`` (or the end
+    of a ``with`` block) removes every hook. On a step whose loss is not finite,
+    ``locate_overflow(lambda: model(x_t, t))`` names the first op whose output went past fp16's
+    range in that forward.
     With the package's U-ViT and a plain loop::
 
         import torch
@@ -366,12 +373,29 @@ class Diagnostics:
 
     # ------------------------------------------------------------------ reading
 
-    def collect(self, step: int, loss: float) -> dict[str, float | str]:
+    def collect(self, step: int, loss: float, *, grad_scale: float = 1.0) -> dict[str, float | str]:
         """Metrics of the armed step (call after backward, before zero_grad); removes the hooks.
 
         On a step :meth:`arm` did not arm it returns ``{}`` and leaves the oscillation windows and
         the spike count as they are, so ``log.write(step, diag.collect(step, loss), loss=...)`` can
-        run on every step."""
+        run on every step.
+
+        ``grad_scale`` is the loss scale the gradients carry: under fp16 loss scaling, backward
+        ran on ``loss * scale``, so every gradient is ``scale`` times the true one until the scaler
+        unscales it. The gradient norms (``block/<name>/grad_norm``, ``block_grad_norm`` and their
+        oscillation) are divided by it, so they neither come out ``scale`` times too large nor jump
+        when the scaler changes its scale. With a torch ``GradScaler`` pass ``scaler.get_scale()``
+        (before ``scaler.update()``, which may change it); under Accelerate
+        ``accelerator.scaler.get_scale()``, where ``accelerator.scaler`` is not None (fp16 only).
+        Leave it at 1 without a scaler, in bf16 and fp32, and once the gradients are unscaled
+        (``scaler.unscale_(optimizer)``, ``accelerator.clip_grad_norm_``). ``fp16/headroom_grad`` is
+        not divided: it is measured in backward on the gradients fp16 holds, the scaled ones."""
+        grad_scale = float(grad_scale)
+        if not (math.isfinite(grad_scale) and grad_scale > 0):
+            raise ScaleLongError(
+                f"collect(grad_scale={grad_scale}): the loss scale the gradients carry must be finite and "
+                "positive (scaler.get_scale(); 1.0 without a scaler or after unscaling)"
+            )
         if self._armed_step is None:
             return {}
         if step != self._armed_step:
@@ -389,7 +413,9 @@ class Diagnostics:
         for name, block in self.blocks.items():
             grads = [p.grad.detach() for p in block.parameters() if p.grad is not None]
             gnorm = (
-                torch.linalg.vector_norm(torch.stack([g.float().norm() for g in grads])) if grads else None
+                torch.linalg.vector_norm(torch.stack([g.float().norm() for g in grads])) / grad_scale
+                if grads
+                else None
             )
             feature = self._features.get(name) or [None, None]
             names += [metric_names.block(name, key) for key in ("feature_norm", "grad_norm", "absmax")]
