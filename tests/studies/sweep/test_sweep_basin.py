@@ -2,6 +2,7 @@
 its interval over seeds, the cap of a diverged or worse-than-untrained run and where the cap comes
 from, the figure, and map.json, on records written by hand."""
 
+import dataclasses
 import json
 import math
 import statistics
@@ -188,6 +189,15 @@ def test_the_report_section_tables_the_basin_and_says_which_cap(tmp_path):
     assert f"Left out of the LR sensitivity: {left_out}" in parts
     deep = parts[parts.index("### Depth 24") + 1].splitlines()
     assert deep[2] == "| none | 0.001 | 0/1 | 1/1 | 0.15 (1 seed) | baseline | 0.5 | 0.001 |"
+
+
+def test_a_basin_of_runs_that_predict_the_noise_says_what_its_x0_error_is(tmp_path):
+    said = "These runs predict the noise (`diffusion.prediction=eps`)"
+    assert not any(p.startswith(said) for p in basin_section(study(), tmp_path)[0])
+    cells = study()
+    for c in cells:
+        c.runs = [dataclasses.replace(r, prediction="eps") for r in c.runs]
+    assert any(p.startswith(said) for p in basin_section(cells, tmp_path)[0])
 
 
 def test_a_single_lr_or_no_held_out_error_gives_one_sentence(tmp_path):

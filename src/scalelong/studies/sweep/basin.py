@@ -477,6 +477,15 @@ def basin_section(
             else ""
         ),
         f"![the lr basin]({png.name})",
+        *(
+            [
+                "These runs predict the noise (`diffusion.prediction=eps`): their x0 error, which this basin "
+                "reads, is their noise error divided by alpha^2, so the highest noise levels dominate it; "
+                "the failure rule reads their noise error instead (criterion eps)."
+            ]
+            if any(r.prediction == "eps" for c in cells for r in c.runs)
+            else []
+        ),
         "**LR sensitivity**, as Wortsman et al. define it: per seed s, over the lr grid G of the depth "
         "(every lr a method trained there, each weighing the same), LRS_s = mean over G of "
         "v_s(lr) - min over G of v_s(lr), with v_s(lr) = min(ℓ_s(lr), ℓ0_s), ℓ the final held-out x0 "
