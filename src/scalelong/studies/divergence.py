@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 from scalelong.diagnostics import metric_names as names
 from scalelong.runlog.records import Records, as_float, series
-from scalelong.studies.heldout import heldout_eps_error, heldout_x0_error
+from scalelong.studies.heldout import heldout_error, heldout_x0_error
 
 
 @dataclass(frozen=True)
@@ -119,7 +119,7 @@ def _x0(records: Records, prediction: str = "x0") -> Divergence | None:
     if prediction == "eps":
         kind, error, baseline, of = (
             "eps",
-            heldout_eps_error(records),
+            heldout_error(records, "eps"),
             1.0,
             "1, the error of predicting no noise",
         )

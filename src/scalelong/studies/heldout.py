@@ -24,22 +24,21 @@ def _level_mean(values: Sequence[float]) -> float:
     return statistics.fmean(values) if all(math.isfinite(v) for v in values) else math.inf
 
 
+def heldout_error(records: Records, kind: str = "x0", weights: str = "ema") -> float:
+    """The last logged held-out error after step 0 (``noise/x0_mse@L``; ``weights="raw"``: the
+    trained weights' ``noise/raw/x0_mse@L``; ``kind="eps"``: of the predicted noise,
+    ``noise/eps_mse@L``), averaged over the noise levels L: the model on fixed held-out images, far
+    less noisy than the last training loss. NaN where no probe after step 0 was logged; inf where
+    the last one was not finite (the model's output was not)."""
+    last = next((r for r in reversed(records) if int(r["step"]) > 0 and _x0_levels(r, weights, kind)), None)
+    return math.nan if last is None else _level_mean(_x0_levels(last, weights, kind))
+
+
 def heldout_x0_error(records: Records, weights: str = "ema") -> float:
-    """The last logged held-out x0 error after step 0 (``noise/x0_mse@L``; ``weights="raw"``:
-    the trained weights' ``noise/raw/x0_mse@L``), averaged over the noise levels L: the model on
-    fixed held-out images, far less noisy than the last training loss. NaN where no probe after
-    step 0 was logged; inf where the last one was not finite (the model's output was not)."""
-    last = next((r for r in reversed(records) if int(r["step"]) > 0 and _x0_levels(r, weights)), None)
-    return math.nan if last is None else _level_mean(_x0_levels(last, weights))
-
-
-def heldout_eps_error(records: Records) -> float:
-    """The last held-out error of the predicted noise after step 0 (``noise/eps_mse@L``, EMA),
-    averaged over the noise levels, as :func:`heldout_x0_error` reads the x0 error: what the failure
-    rule judges a network that predicts the noise by (its x0 error divides the noise's by alpha^2,
-    thousands of times at the highest levels). NaN where no probe was logged; inf where not finite."""
-    last = next((r for r in reversed(records) if int(r["step"]) > 0 and _x0_levels(r, "ema", "eps")), None)
-    return math.nan if last is None else _level_mean(_x0_levels(last, "ema", "eps"))
+    """The held-out x0 error (:func:`heldout_error`); a network that predicts the noise is judged by
+    its noise error instead, ``heldout_error(records, "eps")``: its x0 error divides the noise's by
+    alpha^2, thousands of times at the highest levels."""
+    return heldout_error(records, "x0", weights)
 
 
 def heldout_x0_series(records: Records, weights: str = "ema") -> tuple[list[int], list[float]]:
@@ -50,9 +49,9 @@ def heldout_x0_series(records: Records, weights: str = "ema") -> tuple[list[int]
     return [s for s, v in probes if v], [_level_mean(v) for _, v in probes if v]
 
 
-def initial_x0_error(records: Records) -> float:
-    """The held-out x0 error of the untrained model, measured at step 0
-    (``diagnostics.noise_levels_at_start``), averaged over the noise levels; NaN where the run did
+def initial_x0_error(records: Records, kind: str = "x0") -> float:
+    """The held-out x0 error (``kind="eps"``: the noise's) of the untrained model, measured at step
+    0 (``diagnostics.noise_levels_at_start``), averaged over the noise levels; NaN where the run did
     not measure it, inf where it was not finite. At step 0 the EMA is the initial model itself."""
-    first = next((r for r in records if int(r["step"]) == 0 and _x0_levels(r, "ema")), None)
-    return math.nan if first is None else _level_mean(_x0_levels(first, "ema"))
+    first = next((r for r in records if int(r["step"]) == 0 and _x0_levels(r, "ema", kind)), None)
+    return math.nan if first is None else _level_mean(_x0_levels(first, "ema", kind))

@@ -21,7 +21,7 @@ from scalelong.diagnostics import metric_names as names
 from scalelong.errors import ScaleLongError
 from scalelong.runlog.records import Records, as_float, load_metrics, series
 from scalelong.studies.divergence import DEFAULT_RULE, Divergence, DivergenceRule, divergence, feature_growth
-from scalelong.studies.heldout import heldout_eps_error, heldout_x0_error, initial_x0_error
+from scalelong.studies.heldout import heldout_error, heldout_x0_error, initial_x0_error
 from scalelong.studies.statistics import Contrast, contrast
 from scalelong.training.runs import RunDir
 
@@ -133,7 +133,9 @@ class SeedSummary:
     x0_error_raw: float = math.nan  # the same of the trained weights (``diagnostics.noise_levels_raw``)
     x0_error_start: float = math.nan  # of the untrained model, at step 0 (:func:`initial_x0_error`)
     x0_mean_image: float = math.nan  # the mean image's x0 error on the same held-out images
-    eps_error: float = math.nan  # held-out error of the predicted noise (:func:`heldout_eps_error`), EMA
+    eps_error: float = math.nan  # held-out error of the predicted noise (:func:`heldout_error`), EMA
+    eps_error_raw: float = math.nan  # the same of the trained weights
+    eps_error_start: float = math.nan  # of the untrained model, at step 0
     overflow_steps: float = math.nan  # steps an fp16 run's loss scaler skipped with a finite loss
     nonfinite_steps: float = math.nan  # steps skipped for a non-finite loss (or gradients, without a scaler)
     breaks: tuple[Divergence, ...] = ()  # the divergence rule's verdict; empty: healthy
@@ -160,7 +162,9 @@ def summarise_run(run: StudyRun) -> SeedSummary:
         x0_error_raw=heldout_x0_error(r, weights="raw"),
         x0_error_start=initial_x0_error(r),
         x0_mean_image=last_value(r, names.X0_MEAN_IMAGE),
-        eps_error=heldout_eps_error(r),
+        eps_error=heldout_error(r, "eps"),
+        eps_error_raw=heldout_error(r, "eps", weights="raw"),
+        eps_error_start=initial_x0_error(r, kind="eps"),
         overflow_steps=as_float(run.summary.get("overflow_steps")),
         nonfinite_steps=as_float(run.summary.get("nonfinite_steps")),
         breaks=tuple(run.breaks),

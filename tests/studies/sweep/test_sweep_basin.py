@@ -191,12 +191,33 @@ def test_the_report_section_tables_the_basin_and_says_which_cap(tmp_path):
     assert deep[2] == "| none | 0.001 | 0/1 | 1/1 | 0.15 (1 seed) | baseline | 0.5 | 0.001 |"
 
 
-def test_a_basin_of_runs_that_predict_the_noise_says_what_its_x0_error_is(tmp_path):
+def test_a_basin_of_runs_that_predict_the_noise_reads_their_noise_error(tmp_path):
+    """The same errors logged as an eps network's noise errors, beside x0 errors a thousand times
+    larger: the basin reads the noise errors (against 1, not the mean image) and says so."""
     said = "These runs predict the noise (`diffusion.prediction=eps`)"
     assert not any(p.startswith(said) for p in basin_section(study(), tmp_path)[0])
-    cells = study()
+    reference, cells = study(), study()
+    for c in reference:  # the x0 study with the input-free guess an eps network's cap falls back on
+        c.runs = [dataclasses.replace(r, x0_mean_image=1.0) for r in c.runs]
     for c in cells:
-        c.runs = [dataclasses.replace(r, prediction="eps") for r in c.runs]
+        c.runs = [
+            dataclasses.replace(
+                r,
+                prediction="eps",
+                eps_error=r.x0_error,
+                eps_error_raw=r.x0_error_raw,
+                eps_error_start=r.x0_error_start,
+                x0_error=1000 * r.x0_error,
+                x0_error_start=1000 * r.x0_error_start,
+            )
+            for r in c.runs
+        ]
+
+    def read(found):  # every number the basin gives, flat
+        return [v for b in found for v in (*b.sensitivity(), *(r.value() for r in b.runs))]
+
+    assert read(basins(cells)) == pytest.approx(read(basins(reference)), nan_ok=True)
+    assert any(r.cap_source == "mean_image" and r.cap == 1.0 for b in basins(cells) for r in b.runs)
     assert any(p.startswith(said) for p in basin_section(cells, tmp_path)[0])
 
 

@@ -47,7 +47,7 @@ from scalelong.skips import method_order
 from scalelong.studies.markdown import markdown_table
 from scalelong.studies.plots import BasinPoint, plot_basin
 from scalelong.studies.statistics import Contrast, contrast, fmt_ci, fmt_contrast, mean_ci
-from scalelong.studies.summary import CellSummary
+from scalelong.studies.summary import CellSummary, SeedSummary
 from scalelong.studies.sweep.edges import (
     EDGES_NOTE,
     Comparison,
@@ -58,7 +58,17 @@ from scalelong.studies.sweep.edges import (
 )
 
 WEIGHTS = {"ema": "EMA weights", "raw": "trained weights"}  # whose error: x0_error, x0_error_raw
-_ERROR = {"ema": "x0_error", "raw": "x0_error_raw"}
+
+
+def held_out(r: SeedSummary) -> tuple[dict[str, float], float, float]:
+    """What the basin reads of a run, the quantity the failure rule judges it by: its final held-out
+    error per weights, the untrained model's (step 0) and the best input-free guess's. The x0 error
+    and the mean image's; for a network that predicts the noise, its noise error and 1 (no noise):
+    its x0 error divides the noise's by alpha^2, thousands of times at the highest levels."""
+    if r.prediction == "eps":
+        return {"ema": r.eps_error, "raw": r.eps_error_raw}, r.eps_error_start, 1.0
+    return {"ema": r.x0_error, "raw": r.x0_error_raw}, r.x0_error_start, r.x0_mean_image
+
 
 # Where the cap l0 of a run comes from, in the order tried (:func:`cap_of`).
 CAP_SOURCES = {
@@ -66,8 +76,8 @@ CAP_SOURCES = {
     "seed": "the step-0 measurement of the same seed at another lr (the same untrained network: the lr "
     "does not enter step 0)",
     "seeds": "the mean step-0 measurement of the method's other seeds at that depth",
-    "mean_image": "the mean image's x0 error on the same held-out images (`noise/x0_mse_mean_image`), "
-    "for want of a measured untrained model",
+    "mean_image": "the mean image's x0 error on the same held-out images (`noise/x0_mse_mean_image`; 1, "
+    "predicting no noise, for a network that predicts the noise), for want of a measured untrained model",
 }
 
 
@@ -248,19 +258,20 @@ def cap_of(cells: Sequence[CellSummary]) -> dict[tuple[int, int], tuple[float, s
     by_seed: dict[tuple, list[float]] = {}  # (depth, method, seed) -> its step-0 measurements
     for c in cells:
         for r in c.runs:
-            by_seed.setdefault((c.cell.depth, c.cell.method, r.seed), []).append(r.x0_error_start)
+            by_seed.setdefault((c.cell.depth, c.cell.method, r.seed), []).append(held_out(r)[1])
     seed_mean = {k: finite_mean(v) for k, v in by_seed.items()}
-    mean_image = finite_mean([r.x0_mean_image for c in cells for r in c.runs])
+    mean_image = finite_mean([held_out(r)[2] for c in cells for r in c.runs])
     caps = {}
     for i, c in enumerate(cells):
         for j, r in enumerate(c.runs):
             key = (c.cell.depth, c.cell.method, r.seed)
             others = [v for (d, m, s), v in seed_mean.items() if (d, m) == key[:2] and s != r.seed]
+            _, start, guess = held_out(r)
             tried = [
-                (r.x0_error_start, "step0"),
+                (start, "step0"),
                 (seed_mean[key], "seed"),
                 (finite_mean(others), "seeds"),
-                (r.x0_mean_image if math.isfinite(r.x0_mean_image) else mean_image, "mean_image"),
+                (guess if math.isfinite(guess) else mean_image, "mean_image"),
             ]
             caps[i, j] = next(((v, src) for v, src in tried if math.isfinite(v)), (math.nan, ""))
     return caps
@@ -278,7 +289,7 @@ def basins(cells: Sequence[CellSummary]) -> list[Basin]:
         basin = found.setdefault((d, m), Basin(d, m, tuple(sorted(grids[d]))))
         for j, r in enumerate(c.runs):
             cap, source = caps[i, j]
-            error = {w: getattr(r, key) for w, key in _ERROR.items()}
+            error = held_out(r)[0]
             basin.runs.append(BasinRun(c.cell.lr, r.seed, error, cap, source, bool(r.breaks)))
     for depth, lrs in grids.items():  # the seeds every method of the depth ran, per lr
         mine = [b for (d, _), b in found.items() if d == depth]
@@ -479,9 +490,10 @@ def basin_section(
         f"![the lr basin]({png.name})",
         *(
             [
-                "These runs predict the noise (`diffusion.prediction=eps`): their x0 error, which this basin "
-                "reads, is their noise error divided by alpha^2, so the highest noise levels dominate it; "
-                "the failure rule reads their noise error instead (criterion eps)."
+                "These runs predict the noise (`diffusion.prediction=eps`): for them ℓ is the held-out "
+                "noise error (`noise/eps_mse@L`, averaged the same way) and ℓ0 the untrained model's, the "
+                "quantity the failure rule judges them by (eps); their x0 error would divide it by alpha^2, "
+                "thousands of times at the highest noise levels."
             ]
             if any(r.prediction == "eps" for c in cells for r in c.runs)
             else []

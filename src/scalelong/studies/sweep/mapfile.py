@@ -43,6 +43,8 @@ COLUMNS = {
     "heldout_x0_error_start": "x0_error_start",
     "x0_mean_image": "x0_mean_image",
     "heldout_eps_error": "eps_error",
+    "heldout_eps_error_raw": "eps_error_raw",
+    "heldout_eps_error_start": "eps_error_start",
     "overflow_steps": "overflow_steps",
     "nonfinite_steps": "nonfinite_steps",
 }
@@ -95,6 +97,8 @@ def write_map_json(
             "heldout_x0_error_start": [number(x) for x in c.values("x0_error_start")],
             "x0_mean_image": [number(x) for x in c.values("x0_mean_image")],
             "heldout_eps_error": [number(x) for x in c.values("eps_error")],
+            "heldout_eps_error_raw": [number(x) for x in c.values("eps_error_raw")],
+            "heldout_eps_error_start": [number(x) for x in c.values("eps_error_start")],
             "prediction": [r.prediction or None for r in c.runs],
             "basin_cap": [number(r.cap) for r in basin_runs(c)],
             "basin_cap_source": [r.cap_source for r in basin_runs(c)],
