@@ -398,3 +398,41 @@ def test_a_sweep_of_local_jobs_killed_and_requeued_midway_reports_what_the_pool_
     pool = tmp_path / "pool" / "t-sweep"
     assert (folder / "report.md").read_text() == (pool / "report.md").read_text()
     assert numbers(folder) == numbers(pool)
+
+
+def _double(x):
+    return 2 * x
+
+
+def test_a_job_at_its_time_limit_is_checkpointed_and_requeued(tmp_path):
+    """submitit's own decision at the warning signal of a job that reached its time limit: a
+    ScheduledCall is checkpointable, so the job is requeued with the same call, not ended."""
+    submitit = pytest.importorskip("submitit")
+    from submitit.core.job_environment import SignalHandler
+    from submitit.core.utils import JobPaths
+
+    from scalelong.studies.cluster import ScheduledCall
+
+    call = ScheduledCall(_double, threads=1)
+    assert hasattr(call, "checkpoint")  # what submitit tests
+    again = call.checkpoint(21)
+    assert isinstance(again, submitit.helpers.DelayedSubmission)
+    assert again.function is call and again.args == (21,)
+
+    class Env:
+        global_rank = 0
+        requeued: list = []
+
+        def _requeue(self, countdown):
+            self.requeued.append(countdown)
+
+    delayed = submitit.helpers.DelayedSubmission(call, 21)
+    delayed.set_timeout(1, 3)
+    handler = SignalHandler(Env(), JobPaths(tmp_path, job_id="7"), delayed)
+    handler.has_timed_out = lambda: True  # a real time limit, not a preemption
+    with pytest.raises(SystemExit):  # requeued: submitit exits the job (not UncompletedJobError)
+        handler.checkpoint_and_try_requeue(signal.SIGUSR2)
+    assert Env.requeued == [2]
+    resumed = submitit.helpers.DelayedSubmission.load(tmp_path / "7_submitted.pkl")
+    assert isinstance(resumed.function, ScheduledCall) and resumed.args == (21,)
+    assert resumed.function.fn is _double and resumed.function.threads == 1

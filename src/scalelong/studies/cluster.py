@@ -211,7 +211,7 @@ def _warning_as_interrupt(requeued: dict) -> Iterator[None]:
 class ScheduledCall:
     """``fn(*args)`` as a scheduler's job: picklable with ``fn`` (a module-level function), with
     ``threads`` torch threads (None: as many as the job's cores), and requeued with the same
-    arguments after the scheduler's warning (:meth:`__submitit_checkpoint__`): the job that
+    arguments after the scheduler's warning (:meth:`checkpoint`): the job that
     follows calls ``fn`` again, and a training run resumes from its last checkpoint."""
 
     def __init__(self, fn: Callable, threads: int | None = None):
@@ -240,6 +240,9 @@ class ScheduledCall:
         from submitit.helpers import DelayedSubmission
 
         return DelayedSubmission(self, *args)
+
+    # submitit requeues at a time limit only a function with ``checkpoint`` (SignalHandler's check)
+    checkpoint = __submitit_checkpoint__
 
 
 # ----------------------------------------------------------------------------- submitting, waiting

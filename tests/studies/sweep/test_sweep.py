@@ -45,6 +45,14 @@ def test_every_cell_is_validated_before_any_run(tmp_path, capsys):
     assert not any(tmp_path.iterdir())  # nothing was trained, nothing written
 
 
+def test_lrs_that_would_share_a_run_folder_are_refused_before_any_run(tmp_path, capsys):
+    assert main([*sweep_command(tmp_path), "--lrs", "1e-3,1.0000001e-3", "--dry-run"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1
+    assert "0.001 and 0.0010000001 would share the run folder d4-lr0.001-none-seed0" in err
+    assert not any(tmp_path.iterdir())  # nothing was trained, nothing written
+
+
 def test_tables_name_the_largest_stable_lr_and_the_best_stable_cell():
     broke = [Divergence("loss", 40, "")]
 

@@ -435,3 +435,18 @@ def test_seeds_left_out_for_the_same_lrs_are_named_once():
         "none seed 0 (no value at lr 0.08); cs seed 3 (no value at lr 0.02)."
     )
     assert left_out_note([_LeftOut("ls", {})]) == ""
+
+
+def test_a_run_whose_config_cannot_be_read_is_left_out_of_the_report_with_one_warning(tmp_path, capsys):
+    from scalelong.studies.sweep import collect
+
+    base = load_config("stability", [f"out_dir={tmp_path}", "train.steps=100", "optim.warmup_steps=10"])
+    runs = tmp_path / "stability-sweep" / "runs"
+    for lr in (1e-3, 2e-3):
+        write_run(base, runs, Cell(12, lr, "none"), 0, [noise_record(0, 1.0), noise_record(100, 0.3)])
+    damaged = runs / Cell(12, 2e-3, "none").name(0)
+    (damaged / "config.yaml").write_text("model: [unclosed\n")  # and no checkpoint holds a copy
+    found = collect(base, runs)
+    assert [(c.lr, [r.name for r in rs]) for c, rs in found.items()] == [(1e-3, ["d12-lr0.001-none-seed0"])]
+    out = capsys.readouterr().out
+    assert out.count("\n") == 1 and out.startswith(f"warning: run {damaged.name} left out: ")

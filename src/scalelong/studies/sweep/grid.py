@@ -12,7 +12,7 @@ from scalelong.errors import ScaleLongError
 from scalelong.studies.divergence import DEFAULT_RULE, DivergenceRule
 from scalelong.studies.running import STUDY_FREE_KEYS, concluded
 from scalelong.studies.summary import Cell, StudyRun, read_run
-from scalelong.training.config import Config, config_from_dict, config_to_dict, read_yaml, validate
+from scalelong.training.config import Config, config_from_dict, config_to_dict, validate
 from scalelong.training.runs import RunDir, config_differences
 
 
@@ -69,6 +69,15 @@ def plan(
             f"sweep: run one sweep per size, with overrides of model.{base.model.type}"
         )
     depth_list = list(depths or [cell_of(base).depth])
+    folders: dict[str, float] = {}
+    for lr in lrs if methods else []:  # run folders name an lr by its 6 significant digits
+        folder = Cell(depth_list[0], lr, methods[0]).name(base.train.seed)
+        if folder in folders:
+            raise ScaleLongError(
+                f"--lrs {folders[folder]!r} and {lr!r} would share the run folder {folder}: "
+                "give lrs that differ within 6 significant digits"
+            )
+        folders[folder] = lr
     return [
         cell_config(base, Cell(d, lr, m), base.train.seed + k, runs_dir)
         for k in range(seeds)
@@ -84,9 +93,13 @@ def collect(base: Config, runs_dir: Path, rule: DivergenceRule = DEFAULT_RULE) -
     found: dict[Cell, list[tuple[int, StudyRun]]] = {}
     for path in sorted(runs_dir.iterdir()) if runs_dir.is_dir() else []:
         run = RunDir(path)
-        if not (concluded(run) and run.config_file.is_file()):
+        if not concluded(run):
             continue
-        data = read_yaml(run.config_file)
+        try:  # config.yaml, or the newest checkpoint's copy when it is damaged (read_run warns of that)
+            data = run.stored_config(warn=lambda message: None)
+        except ScaleLongError as e:  # no copy of the run's config is readable: the others still report
+            print(f"warning: run {path.name} left out: {' '.join(str(e).split())}")
+            continue
         try:
             cfg = config_from_dict(data)
             expected = cell_config(base, cell_of(cfg), cfg.train.seed, runs_dir)
