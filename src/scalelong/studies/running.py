@@ -28,7 +28,7 @@ from scalelong.errors import ScaleLongError
 from scalelong.runlog.lock import lock_state
 from scalelong.skips import METHODS
 from scalelong.training.build import check_models
-from scalelong.training.config import Config, config_to_dict, read_yaml, save_config, validate
+from scalelong.training.config import Config, config_to_dict, save_config, validate
 from scalelong.training.launch import (
     PoolStopped,
     launch_processes,
@@ -83,25 +83,66 @@ def concluded(run: RunDir) -> bool:
     return run.finished or (summary.get("status") == "stopped" and "stopped" in summary)
 
 
+def stored_config(run: RunDir) -> dict | None:
+    """The config of the run in ``run`` (:meth:`RunDir.stored_config`: config.yaml, or the newest
+    checkpoint's when that file is missing, empty or damaged, as training recovers it), quietly;
+    None when the folder holds no run whose config can be read."""
+    if not run.config_file.is_file() and not (run.path.is_dir() and run.checkpoints()):
+        return None
+    try:
+        return run.stored_config(warn=lambda message: None)
+    except ScaleLongError:
+        return None
+
+
 def reusable(run: RunDir, cfg: Config) -> bool:
     """A concluded run (:func:`concluded`) of this very config, up to :data:`STUDY_FREE_KEYS`."""
-    return concluded(run) and not config_differences(
-        read_yaml(run.config_file), config_to_dict(cfg), free=STUDY_FREE_KEYS
-    )
+    if not concluded(run):
+        return False
+    stored = stored_config(run)
+    return stored is not None and not config_differences(stored, config_to_dict(cfg), free=STUDY_FREE_KEYS)
+
+
+def _differences(diff: list[str]) -> str:
+    return "; ".join(diff[:3]) + ("; ..." if len(diff) > 3 else "")
 
 
 def check_run_dirs(cfgs: Iterable[Config]) -> None:
-    """Before any run starts: no run directory may hold a run another config can't resume."""
+    """Before any run starts: every run folder can be a folder (no file where it or a folder
+    above it would be), and none holds a run another config can't resume, or a concluded run
+    (:func:`concluded`) that another config would relabel (it differs beyond
+    :data:`STUDY_FREE_KEYS`: resuming it would rewrite its config, or train it on)."""
     for cfg in cfgs:
         run = RunDir(cfg.run_dir)
-        if run.config_file.is_file():
-            diff = config_differences(read_yaml(run.config_file), config_to_dict(cfg))
-            if diff:
+        for folder in (run.path, *run.path.parents):  # the first that exists must be a folder
+            if folder.is_dir():
+                break
+            if folder.exists() or folder.is_symlink():
                 raise ScaleLongError(
-                    f"{run} holds a run of another config ({diff[0]}); remove it or choose another name"
+                    f"{folder} is not a folder, but run {cfg.name} would be written in {run}; "
+                    "remove it or choose another output folder"
                 )
-        elif run.path.is_dir() and any(run.path.iterdir()):
-            raise ScaleLongError(f"{run} exists but holds no run (no config.yaml); remove it or rename")
+        if not run.path.is_dir() or not any(p != run.lock_file for p in run.path.iterdir()):
+            continue
+        stored = stored_config(run)
+        if stored is None:
+            raise ScaleLongError(
+                f"{run} exists but holds no run whose config can be read (config.yaml missing, empty or "
+                "damaged, and no checkpoint stores it); remove it or choose another name"
+            )
+        new = config_to_dict(cfg)
+        diff = config_differences(stored, new)
+        if diff:
+            raise ScaleLongError(
+                f"{run} holds a run of another config ({_differences(diff)}); remove it or choose "
+                "another name"
+            )
+        diff = config_differences(stored, new, free=STUDY_FREE_KEYS) if concluded(run) else []
+        if diff:
+            raise ScaleLongError(
+                f"{run} holds a finished run of another config ({_differences(diff)}), which this study "
+                "would relabel; remove that run folder or choose another name"
+            )
 
 
 def train_run(
@@ -135,7 +176,9 @@ def train_run(
 def train_in_processes(cfg: Config, processes: int, ignore_signals: Sequence[int] = ()) -> RunOutcome:
     """One run on ``processes`` processes of this machine (``scalelong train CONFIG
     --num-processes N``, its config written to a temporary file); the outcome is read back from
-    the run's summary.json. An interrupted run raises :class:`TrainingInterrupted`, as in-process."""
+    the run's summary.json. This process interrupted raises :class:`TrainingInterrupted`, as
+    in-process; a run whose processes ended early otherwise (one died, and the launcher stopped
+    the others) failed, with the launcher's line."""
     run = RunDir(cfg.run_dir)
 
     def written() -> int | None:  # when summary.json was last written (None: it is not there)
@@ -148,7 +191,9 @@ def train_in_processes(cfg: Config, processes: int, ignore_signals: Sequence[int
         path = Path(tmp) / "config.yaml"
         save_config(cfg, path)
         try:
-            code = launch_processes(processes, ["train", str(path), "--no-progress"], ignore_signals)
+            code = launch_processes(
+                processes, ["train", str(path), "--no-progress"], ignore_signals, run_dir=cfg.run_dir
+            )
         except KeyboardInterrupt:
             pass
     # a summary left by an earlier attempt says nothing of this one (refused before it began)
@@ -161,8 +206,9 @@ def train_in_processes(cfg: Config, processes: int, ignore_signals: Sequence[int
     if status == "stopped" and "stopped" in summary:
         stopped = summary["stopped"]
         return RunOutcome(cfg.name, "stopped", f"stopped at step {stopped['step']} ({stopped['kind']})")
-    if status == "interrupted":
-        raise TrainingInterrupted(error or f"{cfg.name} was interrupted")
+    # "interrupted" with this process not interrupted (code not None): a process died (the OOM
+    # killer's SIGKILL, a crash) and the launcher stopped the others; a failure of this run alone,
+    # which the next start of the study resumes
     why = error or f"its {processes} processes ended with exit code {code} (their error line is above)"
     return RunOutcome(cfg.name, "failed", why)
 
@@ -355,7 +401,7 @@ def plan_table(cfgs: Sequence[Config]) -> str:
     rows = [("run", "method", "seed", "lr", "depth", "action")]
     for cfg in cfgs:
         run = RunDir(cfg.run_dir)
-        action = "reuse" if reusable(run, cfg) else "resume" if run.config_file.is_file() else "new"
+        action = "reuse" if reusable(run, cfg) else "resume" if stored_config(run) is not None else "new"
         if action != "reuse" and lock_state(run.lock_file)[0] == "live":
             action = "training"
         depth = str(cfg.model.uvit.depth) if cfg.model.type == "uvit" else "-"

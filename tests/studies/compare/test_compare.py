@@ -1,10 +1,12 @@
 import json
 import math
 import statistics
+from pathlib import Path
 
 import pytest
 import torch
 
+import scalelong.studies.running
 from conftest import learning_uvit_overrides, tiny_uvit_overrides
 from scalelong.cli import main
 from scalelong.errors import ScaleLongError
@@ -18,11 +20,13 @@ from scalelong.studies.divergence import (
     feature_growth,
     loss_collapse,
 )
-from scalelong.studies.running import parse_methods, run_all
+from scalelong.studies.running import check_run_dirs, parse_methods, plan_table, reusable, run_all, train_run
 from scalelong.studies.statistics import mean_ci
 from scalelong.studies.summary import StudyRun
 from scalelong.training.config import load_config
 from scalelong.training.launch import cpu_cores, share_cores
+from scalelong.training.runs import RunDir
+from scalelong.training.train import TrainingInterrupted, train
 
 
 def fd_curve(steps_to_values):
@@ -430,3 +434,85 @@ def test_the_report_names_the_network_by_its_size():
     )
     assert network_words(load_config("demo_uvit").model) == "uvit (depth 12, width 64)"
     assert network_words(load_config("demo", ["model.type=diffusers_unet2d"]).model) == "diffusers_unet2d"
+
+
+# ----------------------------------------------------------------------------- run folders a study finds
+
+
+def test_a_concluded_run_of_another_length_or_eval_is_refused_not_relabelled(tmp_path):
+    """A finished run differs from the plan in a key that resuming frees (train.steps, eval.*): a
+    study would rewrite its config and call it trained; refused in one line. Unfinished, it resumes."""
+    cfg = tiny_config(tmp_path, "name=r", "train.steps=4")
+    train(cfg, progress=False)
+    run = RunDir(cfg.run_dir)
+    assert run.finished and reusable(run, cfg)
+    check_run_dirs([cfg])
+    for change in ("train.steps=2", "train.steps=8", "eval.every=2"):
+        with pytest.raises(
+            ScaleLongError, match=r"finished run of another config \((train.steps|eval.every)"
+        ):
+            check_run_dirs([tiny_config(tmp_path, "name=r", "train.steps=4", change)])
+    summary = run.summary
+    run.write_summary({**summary, "status": "interrupted"})  # unfinished: resuming it is legitimate
+    check_run_dirs([tiny_config(tmp_path, "name=r", "train.steps=8")])
+
+
+def test_an_emptied_config_yaml_is_read_from_the_checkpoint_not_called_another_config(tmp_path):
+    """config.yaml emptied (training recovers it from the checkpoint): the run is still this config's,
+    reused, and a plan of another length is still refused; a folder holding no run is refused."""
+    cfg = tiny_config(tmp_path, "name=r", "train.steps=4")
+    train(cfg, progress=False)
+    run = RunDir(cfg.run_dir)
+    run.config_file.write_text("")
+    check_run_dirs([cfg])
+    assert reusable(run, cfg) and plan_table([cfg]).splitlines()[1].endswith("reuse")
+    with pytest.raises(ScaleLongError, match="finished run of another config"):
+        check_run_dirs([tiny_config(tmp_path, "name=r", "train.steps=2")])
+    (tmp_path / "junk").mkdir()
+    (tmp_path / "junk" / "notes.txt").write_text("mine")
+    with pytest.raises(ScaleLongError, match="holds no run whose config can be read"):
+        check_run_dirs([tiny_config(tmp_path, "name=junk")])
+
+
+def test_a_file_where_the_study_folder_would_be_is_refused_before_the_dry_run(tmp_path, capsys):
+    (tmp_path / "file").write_text("not a folder")
+    with pytest.raises(ScaleLongError, match="is not a folder"):
+        check_run_dirs([tiny_config(tmp_path / "file" / "below", "name=r")])
+    overrides = tiny_uvit_overrides("cmp", tmp_path, steps=4)
+    command = ["compare", "configs/demo_uvit.yaml", "--methods", "none", "--no-progress", *overrides]
+    for out in (tmp_path / "file", tmp_path / "file" / "report"):
+        assert main([*command, "--out", str(out), "--dry-run"]) == 2
+        err = capsys.readouterr().err
+        assert err.startswith("error: ") and "is not a folder" in err and len(err.splitlines()) == 1
+
+
+def test_a_run_on_several_processes_fails_alone_when_one_dies_and_stops_the_study_only_if_interrupted(
+    tmp_path, monkeypatch
+):
+    """--gpus-per-run 2: the launcher gets the run's folder (it writes the summary and its line); a
+    process that died (the others stopped, rank 0's summary "interrupted") fails this run only; this
+    process interrupted raises TrainingInterrupted."""
+    cfg = tiny_config(tmp_path, "name=r")
+    launched = []
+
+    def died(n, args, ignore_signals=(), run_dir=None):
+        launched.append(run_dir)
+        Path(cfg.run_dir).mkdir(parents=True, exist_ok=True)
+        error = f"rank 1 of {n} processes was killed by SIGKILL; the others were stopped (workers.log)"
+        RunDir(cfg.run_dir).write_summary({"status": "interrupted", "error": error, "steps": 0})
+        return 1
+
+    monkeypatch.setattr(scalelong.studies.running, "launch_processes", died)
+    outcome = train_run(cfg, processes=2)
+    assert launched == [cfg.run_dir]
+    assert (outcome.status, outcome.message) == (
+        "failed",
+        "rank 1 of 2 processes was killed by SIGKILL; the others were stopped (workers.log)",
+    )
+
+    def interrupted(n, args, ignore_signals=(), run_dir=None):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(scalelong.studies.running, "launch_processes", interrupted)
+    with pytest.raises(TrainingInterrupted):
+        train_run(cfg, processes=2)
