@@ -134,7 +134,7 @@ def test_a_real_fp16_overflow_has_headroom_0_and_the_line(tmp_path, capsys):
     normal, overflow = records
     assert normal["fp16/headroom"] > 10
     absmax = {k: v for k, v in overflow.items() if k.startswith("block/") and k.endswith("/absmax")}
-    assert len(absmax) == 3 and all(math.isnan(v) for v in absmax.values())  # as the reviewer saw
+    assert len(absmax) == 3 and all(math.isnan(v) for v in absmax.values())  # the overflow reaches every norm
     assert overflow["fp16/headroom"] == 0.0  # was: NaN, and no warning
     assert overflow["fp16/headroom_ops"] == 0.0  # the per-op headroom agrees
     line = headroom_warning(records)
