@@ -111,36 +111,47 @@ def loss_collapse(
 COLLAPSED = "; the loss collapsed at step "  # how _x0 tells a collapse in its detail, which cause() reads
 
 
+NO_NOISE_ERROR = 1.0  # the held-out noise error of predicting no noise: the noise has unit variance
+
+
+def heldout_failure(kind: str, step: int | None, error: float, baseline: float) -> Divergence | None:
+    """(x0) or (eps) on a run's final held-out error: failed when it is not finite (a map writes a
+    non-finite error as null) or not below ``baseline``, the best input-free guess's (the mean
+    image's x0 error; :data:`NO_NOISE_ERROR` for the noise)."""
+    if not math.isfinite(error):
+        return Divergence(kind, step, f"its final held-out {kind} error is not finite")
+    if error < baseline:
+        return None
+    of = (
+        f"{baseline:g}, the error of predicting no noise"
+        if kind == "eps"
+        else f"the mean image's {baseline:.3g}"
+    )
+    return Divergence(kind, step, f"final held-out {kind} error {error:.3g} is not below {of}")
+
+
 def _x0(records: Records, prediction: str = "x0") -> Divergence | None:
     """(x0): the final held-out x0 error (EMA) not finite or not below the mean image's; (eps), for
     a network that predicts the noise: its final held-out noise error not below 1, the error of
-    predicting no noise. The detail says where the loss collapsed, if it did (:func:`loss_collapse`)."""
+    predicting no noise (:func:`heldout_failure`). The detail says where the loss collapsed, if it
+    did (:func:`loss_collapse`)."""
     step = last_probe_step(records)
     if prediction == "eps":
-        kind, error, baseline, of = (
-            "eps",
-            heldout_error(records, "eps"),
-            1.0,
-            "1, the error of predicting no noise",
-        )
+        kind, error, baseline = "eps", heldout_error(records, "eps"), NO_NOISE_ERROR
     else:
         kind, error = "x0", heldout_x0_error(records)
         baseline = next(
             (v for r in reversed(records) if math.isfinite(v := as_float(r.get(names.X0_MEAN_IMAGE)))),
             math.nan,
         )
-        of = f"the mean image's {baseline:.3g}"
-    if math.isnan(error) or step is None:
+    if math.isnan(error) or step is None or not math.isfinite(baseline):  # no probe, nothing to judge by
         return None
-    if error == math.inf:
-        return Divergence(kind, step, f"its final held-out {kind} error is not finite")
-    if math.isfinite(baseline) and not error < baseline:
-        detail = f"final held-out {kind} error {error:.3g} is not below {of}"
-        if collapse := loss_collapse(records):
-            at, lowest, value, last = collapse
-            detail += f"{COLLAPSED}{at} (from its lowest {lowest:.3g} to {value:.3g}; it ended at {last:.3g})"
-        return Divergence(kind, step, detail)
-    return None
+    found = heldout_failure(kind, step, error, baseline)
+    if found and math.isfinite(error) and (collapse := loss_collapse(records)):
+        at, lowest, value, last = collapse
+        detail = f"{COLLAPSED}{at} (from its lowest {lowest:.3g} to {value:.3g}; it ended at {last:.3g})"
+        found = Divergence(kind, step, found.detail + detail)
+    return found
 
 
 def _loss(records: Records, warmup_steps: int, rule: DivergenceRule) -> Divergence | None:

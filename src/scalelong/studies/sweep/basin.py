@@ -44,6 +44,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from scalelong.skips import method_order
+from scalelong.studies.divergence import NO_NOISE_ERROR
 from scalelong.studies.markdown import markdown_table
 from scalelong.studies.plots import BasinPoint, plot_basin
 from scalelong.studies.statistics import Contrast, contrast, fmt_ci, fmt_contrast, mean_ci
@@ -66,7 +67,7 @@ def held_out(r: SeedSummary) -> tuple[dict[str, float], float, float]:
     and the mean image's; for a network that predicts the noise, its noise error and 1 (no noise):
     its x0 error divides the noise's by alpha^2, thousands of times at the highest levels."""
     if r.prediction == "eps":
-        return {"ema": r.eps_error, "raw": r.eps_error_raw}, r.eps_error_start, 1.0
+        return {"ema": r.eps_error, "raw": r.eps_error_raw}, r.eps_error_start, NO_NOISE_ERROR
     return {"ema": r.x0_error, "raw": r.x0_error_raw}, r.x0_error_start, r.x0_mean_image
 
 

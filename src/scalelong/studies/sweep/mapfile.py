@@ -21,7 +21,7 @@ from pathlib import Path
 from scalelong.errors import ScaleLongError
 from scalelong.runlog.records import write_text_atomic
 from scalelong.skips import method_order
-from scalelong.studies.divergence import DEFAULT_RULE, Divergence
+from scalelong.studies.divergence import DEFAULT_RULE, NO_NOISE_ERROR, Divergence, heldout_failure
 from scalelong.studies.summary import Cell, CellSummary, SeedSummary
 from scalelong.studies.sweep.basin import Basin, basin_json, basins, comparison_sensitivity
 from scalelong.studies.sweep.edges import edges_json
@@ -172,10 +172,7 @@ def judge(
     if kept:
         return (kept[0],)
     step = max((int(d["step"]) for d in said if d.get("step") is not None), default=None)
-    if math.isnan(error):
-        return (Divergence(kind, step, f"its final held-out {kind} error is not finite"),)
-    of = "1, the error of predicting no noise" if kind == "eps" else f"the mean image's {baseline:.3g}"
-    return (Divergence(kind, step, f"final held-out {kind} error {error:.3g} is not below {of}"),)
+    return (heldout_failure(kind, step, error, baseline),)
 
 
 def read_map(path: Path) -> tuple[list[CellSummary], list[str], dict[tuple, list[dict]]]:
@@ -232,7 +229,7 @@ def _cell(row: Mapping, metric: str, recorded_by_run: dict[tuple, list[dict]]) -
         if metric == "fd" and "final_fd" in row:
             values["final_fd"] = _value(row["final_fd"][i])
         if text.get("prediction") == "eps":  # judged by its noise error against 1, as divergence() does
-            held = ("eps", values.get("eps_error", math.nan), 1.0)
+            held = ("eps", values.get("eps_error", math.nan), NO_NOISE_ERROR)
         else:
             held = ("x0", values.get("x0_error", math.nan), values.get("x0_mean_image", math.nan))
         breaks = judge(said[i], written[i], *held)
