@@ -33,6 +33,8 @@ SERIES = {
     "fp16_headroom": names.FP16_HEADROOM,
 }
 PROVENANCE_KEYS = ("commit", "torch", "precision", "device_name")
+# Options that change what the terminal shows, not a run: left out of the commands a report prints.
+DISPLAY_ONLY = frozenset({"--no-progress"})
 
 
 def _number(x: float) -> float | None:
@@ -138,6 +140,6 @@ def commands(runs: Sequence[StudyRun]) -> dict[str, int]:
         if argv:
             # `python -m scalelong.cli` recorded by a version that kept the script's name
             first = "scalelong" if argv[0] in ("cli.py", "__main__.py") else argv[0]
-            line = " ".join([first, *argv[1:]])
+            line = " ".join([first, *(a for a in argv[1:] if a not in DISPLAY_ONLY)])
             out[line] = out.get(line, 0) + 1
     return out

@@ -268,6 +268,11 @@ def test_a_study_of_mixed_precisions_says_so_per_cell():
         "Every run: commit aaaaaaaaaa, torch 2.14.1, precision fp32, device_name AMD EPYC."
     )
     assert cmds == "    scalelong sweep stability  # 2"
+    # a flag that changes only what the terminal shows is not part of the command that made a run
+    quiet = {
+        Cell(12, 2e-2, "none"): [run(0, "a" * 40, "fp32", ("cli.py", "sweep", "stability", "--no-progress"))]
+    }
+    assert provenance_section(quiet)[3] == "    scalelong sweep stability  # 1"
     mixed = {
         Cell(12, 2e-2, "none"): [run(0, "a" * 40, "bf16"), run(5, "b" * 40 + "+dirty", "fp32")],
         Cell(12, 2e-2, "cs"): [StudyRun("old", [], {}, [], seed=0)],
