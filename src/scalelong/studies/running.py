@@ -364,7 +364,10 @@ def _collect(
         if isinstance(result, (TrainingInterrupted, PoolStopped)):
             raise result
         if isinstance(result, BaseException):  # the worker process itself failed
-            result = RunOutcome(name, "failed", f"{type(result).__name__}: {' '.join(str(result).split())}")
+            said = " ".join(str(result).split())
+            if not isinstance(result, ScaleLongError):  # a user's error says itself; a bug shows its kind
+                said = f"{type(result).__name__}: {said}"
+            result = RunOutcome(name, "failed", said)
         outcomes[todo[j]] = result
         if result.status in ("submitted", "running"):
             continue  # said once for all of them where they were submitted

@@ -29,8 +29,9 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Generator, Iterator, Sequence
 from concurrent.futures import ProcessPoolExecutor, as_completed
+from concurrent.futures.process import BrokenProcessPool
 from contextlib import contextmanager
 from dataclasses import dataclass
 from multiprocessing import get_context
@@ -146,9 +147,19 @@ class PoolStopped(ScaleLongError):
     """An item that a pool worker did not start, because the pool was interrupted."""
 
 
-def _start_unless_stopped(fn: Callable, *args):
+# In a pool worker: the pool's flags, one per item, that a worker sets as it starts the item. They
+# live in memory shared with the parent, so a flag set survives its worker's death, SIGKILL included.
+_started = None
+
+# An item that ran when its pool broke: its own worker died, or the executor stopped it as another
+# worker died (it then terminates the pool's remaining workers).
+WORKER_DIED = "its worker process died (killed by a signal, or out of memory?)"
+
+
+def _start_unless_stopped(i: int, fn: Callable, *args):
     if _stop_requested.is_set():
         raise PoolStopped("not started: the pool was interrupted")
+    _started[i] = 1
     return fn(*args)
 
 
@@ -176,6 +187,27 @@ def sigterm_as_interrupt() -> Iterator[None]:
         yield
     finally:
         signal.signal(signal.SIGTERM, previous)
+
+
+@contextmanager
+def _signals_deferred(signums: Sequence[int] = (signal.SIGTERM, signal.SIGINT)) -> Iterator[None]:
+    """Hold ``signums`` back while the block runs, then raise each that arrived again, for whatever
+    handles it after the block (a KeyboardInterrupt, the process's end): an interrupt comes late,
+    never lost. Blocking them (``pthread_sigmask``) would not do: the kernel hands a process's
+    signal to any thread that does not block it, and Python runs the handler in the main thread."""
+    arrived: list[int] = []
+    try:
+        previous = {s: signal.signal(s, lambda signum, frame: arrived.append(signum)) for s in signums}
+    except ValueError:  # not the main thread, whose waits a signal never interrupts: nothing to hold
+        yield
+        return
+    try:
+        yield
+    finally:
+        for s, handler in previous.items():
+            signal.signal(s, handler)
+        for s in dict.fromkeys(arrived):  # each one once, in the order they came
+            signal.raise_signal(s)
 
 
 # ----------------------------------------------------------------------------- the processes of one run
@@ -443,17 +475,20 @@ class _Launch:
 
     def stop(self) -> None:
         """SIGTERM to each process still running (it ends its run the clean way, see train.train),
-        SIGKILL to any still running :data:`STOP_GRACE_S` later."""
-        for p in self.procs:
-            if p.poll() is None:
-                p.terminate()
-        deadline = time.monotonic() + STOP_GRACE_S
-        for p in self.procs:
-            try:
-                p.wait(timeout=max(0.0, deadline - time.monotonic()))
-            except subprocess.TimeoutExpired:
-                p.kill()
-                p.wait()
+        SIGKILL to any still running :data:`STOP_GRACE_S` later. Ctrl-C and SIGTERM that arrive
+        meanwhile take effect once it is done (:func:`_signals_deferred`): cutting the wait short
+        would skip the SIGKILL, and a process could outlive its launcher."""
+        with _signals_deferred():
+            for p in self.procs:
+                if p.poll() is None:
+                    p.terminate()
+            deadline = time.monotonic() + STOP_GRACE_S
+            for p in self.procs:
+                try:
+                    p.wait(timeout=max(0.0, deadline - time.monotonic()))
+                except subprocess.TimeoutExpired:
+                    p.kill()
+                    p.wait()
 
     def report(self, failure: _Ended | None) -> int:
         """The exit code; for a process that died, the log, the summary and the one line first."""
@@ -644,7 +679,9 @@ def place_runs(jobs: int, gpus_per_run: int = 1, device: str = "auto", runs: int
     return Placement(jobs, 0, groups, gpus_per_run).for_runs(runs or jobs)
 
 
-def _init_worker(threads: int, devices=None) -> None:
+def _init_worker(threads: int, devices=None, started=None) -> None:
+    global _started
+    _started = started
     if devices is not None:  # this worker's GPUs, before anything in it initialises CUDA
         os.environ["CUDA_VISIBLE_DEVICES"] = devices.get(timeout=60)
     # Before any torch work of the worker: intra-op and inter-op pools both sized to its share.
@@ -688,10 +725,13 @@ def pool_map(
     runs anything, so worker k sees only its own GPUs as ``cuda:0`` (, ``cuda:1``, ...).
 
     An exception ends only its own item: it is yielded in place of the result and the other items
-    go on. Ctrl-C, SIGTERM (to this process alone, as a job scheduler sends it) or the caller's own
-    exception ends them all: items not started are cancelled and every worker gets SIGTERM, so a
-    run in flight ends the way an interrupted run does (its last complete checkpoint kept), and no
-    worker outlives the pool.
+    go on. A worker process that dies (the out-of-memory killer's SIGKILL, a crash) breaks the pool,
+    which then stops its other workers too: the items they had started, its own included, are
+    yielded as a ScaleLongError (:data:`WORKER_DIED`), and those not started yet run in a fresh pool
+    (and so on, as long as each pool gets an item done). Ctrl-C, SIGTERM (to this process alone,
+    as a job scheduler sends it) or the caller's own exception ends them all: items not started are
+    cancelled and every worker gets SIGTERM, so a run in flight ends the way an interrupted run does
+    (its last complete checkpoint kept), and no worker outlives the pool.
     """
     if gpus or threads:  # placed by the caller (place_runs): its workers, as many as there are items
         workers = min(jobs, len(args), *([len(gpus)] if gpus else []))
@@ -705,25 +745,23 @@ def pool_map(
                 yield i, e
         return
     context = get_context("spawn")  # no fork of a process that already runs torch threads
-    devices = None
-    if gpus:  # each worker takes one entry as it starts; the executor starts exactly `workers`
-        devices = context.Queue()
-        for entry in gpus[:workers]:
-            devices.put(entry)
-    pool = ProcessPoolExecutor(
-        workers,
-        mp_context=context,
-        initializer=_init_worker,
-        initargs=(threads or max(1, cpu_cores() // workers), devices),
-    )
+    threads = threads or max(1, cpu_cores() // workers)
+    started = context.RawArray("b", len(args))  # flags that the workers set (_start_unless_stopped)
+    todo = list(range(len(args)))
+    pool = _fresh_pool(context, workers, threads, gpus, started)
     try:
         with sigterm_as_interrupt():
-            futures = {pool.submit(_start_unless_stopped, fn, *a): i for i, a in enumerate(args)}
-            for future in as_completed(futures):
-                try:
-                    yield futures[future], future.result()
-                except Exception as e:  # a worker that died (BrokenProcessPool) included
-                    yield futures[future], e
+            while True:
+                again, broken = yield from _pool_round(pool, fn, args, todo, started)
+                pool.shutdown(wait=True)  # a broken pool's workers gone before a fresh one takes their GPUs
+                if not again:
+                    return
+                if len(again) == len(todo):  # no item done: workers that cannot even start, say
+                    for i in again:
+                        yield i, broken
+                    return
+                todo = again
+                pool = _fresh_pool(context, min(workers, len(todo)), threads, gpus, started)
     except BaseException:  # interrupted, or the caller stopped early (GeneratorExit included)
         workers = list((pool._processes or {}).values())  # the executor's own record (None once shut down)
         pool.shutdown(wait=False, cancel_futures=True)
@@ -733,3 +771,44 @@ def pool_map(
         raise
     finally:
         pool.shutdown(wait=True, cancel_futures=True)
+
+
+def _pool_round(
+    pool: ProcessPoolExecutor, fn: Callable, args: Sequence[tuple], todo: list[int], started
+) -> Generator[tuple[int, object], None, tuple[list[int], BrokenProcessPool | None]]:
+    """:func:`pool_map`'s items ``todo`` on ``pool``: yields ``(i, result)`` as they finish, then
+    returns the items to run again (not started when the pool broke) and the pool's breakage."""
+    futures: dict = {}
+    broken = None
+    try:
+        for i in todo:
+            futures[pool.submit(_start_unless_stopped, i, fn, *args[i])] = i
+    except BrokenProcessPool as e:  # a worker died already: the rest wait for the next pool
+        broken = e
+    again = todo[len(futures) :]
+    for future in as_completed(futures):
+        i = futures[future]
+        try:
+            result = future.result()
+        except BrokenProcessPool as e:
+            broken = e
+            if not started[i]:
+                again.append(i)
+                continue
+            result = ScaleLongError(WORKER_DIED)
+        except Exception as e:
+            result = e
+        yield i, result
+    return sorted(again), broken
+
+
+def _fresh_pool(context, workers: int, threads: int, gpus: Sequence[str], started) -> ProcessPoolExecutor:
+    """A pool of ``workers`` spawned workers for :func:`pool_map`, each given its entry of ``gpus``."""
+    devices = None
+    if gpus:  # each worker takes one entry as it starts; the executor starts exactly `workers`
+        devices = context.Queue()
+        for entry in gpus[:workers]:
+            devices.put(entry)
+    return ProcessPoolExecutor(
+        workers, mp_context=context, initializer=_init_worker, initargs=(threads, devices, started)
+    )
