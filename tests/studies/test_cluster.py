@@ -5,13 +5,18 @@ processes, no cluster), one job killed and one requeued midway, with the local p
 import json
 import os
 import signal
+import socket
+import subprocess
 import sys
 import time
+from contextlib import contextmanager
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import torch
 
+import scalelong.studies.cluster
 import scalelong.studies.running
 import scalelong.studies.sweep.entry
 import scalelong.training.launch
@@ -19,11 +24,12 @@ from conftest import TESTS, learning_uvit_overrides
 from run_until_killed import waiting_run_all
 from scalelong.cli import main
 from scalelong.errors import ScaleLongError
-from scalelong.studies.cluster import ClusterOptions, parse_sbatch, parse_time
+from scalelong.studies.cluster import ClusterOptions, job_map, parse_sbatch, parse_time
 from scalelong.studies.compare import method_config
 from scalelong.studies.running import RunOutcome, run_all, train_run
 from scalelong.training.config import load_config
 from scalelong.training.launch import Placement, place_runs, pool_map
+from scalelong.training.runs import RunDir
 
 
 @pytest.fixture
@@ -270,6 +276,99 @@ def test_slurm_submits_one_job_array_and_never_submits_a_run_twice(tmp_path, mon
     assert len(list(scripts.iterdir())) == 1
 
 
+@pytest.fixture
+def other():
+    """A live process of this host other than this one, to hold a run's lock as a study's run does."""
+    process = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
+    yield process
+    process.kill()
+    process.wait()
+
+
+def hold(run: Path, process) -> None:
+    """The lock of the run folder ``run``, as ``process`` holds it while it trains that run."""
+    run.mkdir(parents=True, exist_ok=True)
+    record = {"pid": process.pid, "host": socket.gethostname(), "since": "2025-01-01 12:00:00"}
+    (run / ".lock").write_text(json.dumps(record))
+
+
+class FakeExecutor:
+    """submitit's executor as :func:`job_map` uses it, starting nothing: the jobs it was handed."""
+
+    def __init__(self, parameters: dict):
+        self.parameters, self.submitted = parameters, []
+
+    def submit(self, fn, *args):
+        self.submitted.append(args)
+        return SimpleNamespace(job_id=str(len(self.submitted)))
+
+    @contextmanager
+    def batch(self):
+        yield
+
+
+def test_local_jobs_without_waiting_refuse_a_cap_that_nothing_would_hold(tmp_path, monkeypatch, capsys):
+    """submitit's LocalExecutor starts each job the moment it is submitted (it has no array
+    parallelism): --jobs J holds for local jobs only because the waiting command submits the next
+    one as one ends. With --no-wait nothing would hold a cap below the number of jobs, so it is
+    refused in one line (in a dry run too), before anything is submitted or written."""
+    executors: list[FakeExecutor] = []
+
+    def fake(options, folder, parameters):
+        executors.append(FakeExecutor(parameters))
+        return executors[-1]
+
+    monkeypatch.setattr(scalelong.studies.cluster, "make_executor", fake)
+    grid = ["--methods", "none,cs", "--lrs", "1e-3", "--depths", "4", "--executor", "local", "--no-wait"]
+    for extra in ([], ["--dry-run"]):
+        assert main([*sweep_args(tmp_path), *grid, "--jobs", "1", *extra]) == 2
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and err.startswith("error: --jobs 1 with --executor local --no-wait")
+        assert "starts all 2 jobs at once" in err and "drop --no-wait" in err and "drop --jobs" in err
+    assert executors == [] and not any(tmp_path.iterdir())
+    with pytest.raises(ScaleLongError, match="--jobs 1 with --executor local --no-wait"):  # the library too
+        run_all(tiny_configs(tmp_path), jobs=1, progress=False, cluster=ClusterOptions("local", wait=False))
+    assert executors == []
+    # a cap the jobs do not reach, or none: every job at once, as the plan says
+    for k, jobs in enumerate((["--jobs", "2"], [])):
+        assert main([*sweep_args(tmp_path / str(k)), *grid, *jobs]) == 0
+    assert [len(e.submitted) for e in executors] == [2, 2]
+
+
+def test_slurm_without_jobs_sets_no_cap_on_its_array(tmp_path, monkeypatch):
+    """submitit caps a job array at 256 running jobs unless told otherwise (its array_parallelism):
+    without --jobs the array's %N is the number of jobs submitted, so only the scheduler limits it."""
+    pytest.importorskip("submitit")
+    scripts = fake_slurm(tmp_path, monkeypatch)
+    n = 300
+    names = [f"run{i}" for i in range(n)]
+    submitted = job_map(
+        _double, [(i,) for i in range(n)], names, ClusterOptions(wait=False), tmp_path / "jobs"
+    )
+    assert list(submitted) == [(i, "submitted") for i in range(n)]
+    (script,) = scripts.iterdir()
+    assert f"#SBATCH --array=0-{n - 1}%{n}\n" in script.read_text()
+
+
+def test_a_dry_run_counts_in_its_array_only_the_runs_it_would_submit(tmp_path, monkeypatch, capsys, other):
+    """Of four runs, one finished (reused) and one another process trains (its lock): the dry run's
+    array holds the two that would be submitted, as the study itself submits them."""
+    monkeypatch.setattr(
+        scalelong.studies.running, "reusable", lambda run, cfg: run.path.name.endswith("-none-seed0")
+    )
+    grid = ["--methods", "none,sqrt2,cs,ls", "--lrs", "1e-3", "--depths", "4", "--dry-run"]
+    hold(tmp_path / "t-sweep" / "runs" / "d4-lr0.001-cs-seed0", other)
+    assert main([*sweep_args(tmp_path), *grid, "--executor", "slurm", "--jobs", "8"]) == 0
+    out = capsys.readouterr().out
+    assert [line.split()[-1] for line in out.splitlines()[2:6]] == ["reuse", "new", "training", "new"]
+    assert "\n2 runs as one SLURM job array, at most 8 at once," in out and " --array=0-1%8 " in out
+    assert main([*sweep_args(tmp_path), *grid, "--executor", "local"]) == 0
+    assert (
+        "\n2 runs as submitit jobs on this machine (--executor local), all at once,"
+        in capsys.readouterr().out
+    )
+
+
 @pytest.mark.slow
 def test_report_only_reports_the_finished_runs_of_a_comparison(tmp_path, capsys):
     args = ["compare", "demo_uvit", *learning_uvit_overrides(tmp_path), "--steps", "4", "--no-progress"]
@@ -436,3 +535,81 @@ def test_a_job_at_its_time_limit_is_checkpointed_and_requeued(tmp_path):
     resumed = submitit.helpers.DelayedSubmission.load(tmp_path / "7_submitted.pkl")
     assert isinstance(resumed.function, ScheduledCall) and resumed.args == (21,)
     assert resumed.function.fn is _double and resumed.function.threads == 1
+
+
+# ----------------------------------------------------------------------------- two processes, one study
+
+
+def test_a_run_another_process_trains_is_left_to_it_not_failed(tmp_path, monkeypatch, capsys, other):
+    """A second study in the same folder: the run whose lock another process holds is not trained
+    here, nor is the one whose lock it takes between this study's look and the run's start (the
+    run's refusal to train), and neither is a failure: one line each names who trains it."""
+    cfgs = tiny_configs(tmp_path, ("none", "cs", "ls"))
+    hold(Path(cfgs[1].run_dir), other)
+    trained = []
+
+    def fake_train(cfg, progress=False, **hooks):  # takes the run's lock first, as train does
+        if cfg.name == "ls-seed0":  # the other process starts this run just after the study looked
+            hold(Path(cfg.run_dir), other)
+        with RunDir(cfg.run_dir).writing():
+            trained.append(cfg.name)
+
+    monkeypatch.setattr(scalelong.studies.running, "train", fake_train)
+    outcomes = run_all(cfgs, jobs=1, progress=False)
+    assert [o.status for o in outcomes] == ["trained", "training", "training"]
+    assert trained == ["none-seed0"]
+    out, err = capsys.readouterr()
+    assert f"cs-seed0: not trained here: pid {other.pid} on host {socket.gethostname()} (since " in out
+    assert f"ls-seed0: not trained here: pid {other.pid} on host " in out
+    assert err == ""  # nothing failed
+
+
+def test_a_cluster_study_leaves_a_run_another_process_trains_to_it(tmp_path, monkeypatch, capsys, other):
+    """The same on a cluster: the run another process trains is not submitted, and the command
+    says so apart from the runs still in jobs of an earlier submission."""
+    executors: list[FakeExecutor] = []
+    monkeypatch.setattr(
+        scalelong.studies.cluster,
+        "make_executor",
+        lambda o, f, p: executors.append(FakeExecutor(p)) or executors[-1],
+    )
+    hold(tmp_path / "t-sweep" / "runs" / "d4-lr0.001-cs-seed0", other)
+    grid = ["--methods", "none,cs", "--lrs", "1e-3", "--depths", "4", "--executor", "local", "--no-wait"]
+    assert main([*sweep_args(tmp_path), *grid]) == 0
+    out = capsys.readouterr().out
+    assert f"d4-lr0.001-cs-seed0: not submitted again: pid {other.pid} on host " in out
+    assert "1 run submitted; 1 being trained by another process. The same command with --report-only" in out
+    assert [len(e.submitted) for e in executors] == [1]
+
+
+@pytest.mark.slow
+def test_a_second_sweep_in_the_same_folder_skips_what_the_first_trains(tmp_path, monkeypatch, capsys, other):
+    """``scalelong sweep`` while another process trains one of its runs: the others train, the
+    report holds them, one line says who trains the rest and what reports it later, and the exit
+    code is 0; a run that really fails still makes it 2, with the usual last line."""
+    args = [*sweep_args(tmp_path), "train.steps=4", "--lrs", "1e-3", "--depths", "4"]
+    hold(tmp_path / "t-sweep" / "runs" / "d4-lr0.001-cs-seed0", other)
+    assert main([*args, "--methods", "none,cs"]) == 0
+    out = capsys.readouterr().out
+    assert "d4-lr0.001-cs-seed0: not trained here: pid " in out
+    assert (
+        "1 of 2 runs are being trained by another process (listed above), not by this one; the report "
+        "leaves them out until it ends: then the same command with --report-only (or the same command "
+        "again) takes them in\n" in out
+    )
+    assert "| none |" in (tmp_path / "t-sweep" / "report.md").read_text()
+
+    real = scalelong.studies.running.train
+
+    def failing(cfg, *a, **k):
+        if cfg.model.skip.method == "ls":
+            raise RuntimeError("boom")
+        return real(cfg, *a, **k)
+
+    monkeypatch.setattr(scalelong.studies.running, "train", failing)
+    assert main([*args, "--methods", "none,cs,ls"]) == 2
+    captured = capsys.readouterr()
+    assert "1 of 3 runs are being trained by another process" in captured.out
+    assert captured.err.splitlines()[-1].startswith(
+        "error: 1 of 3 runs failed (listed above and in the report)"
+    )

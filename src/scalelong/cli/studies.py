@@ -84,13 +84,14 @@ def _print_plan(cfgs, folder: Path, args: argparse.Namespace | None = None, clus
     check_plan(cfgs)
     print(f"{len(cfgs)} runs in {folder / 'runs'}; report in {folder}")
     print(plan_table(cfgs))
-    if args is not None:
+    if args is not None and cluster is not None:  # no GPU of this machine in it: its error is the study's
+        print("\n" + placement_line(cfgs, args.jobs, args.gpus_per_run, cluster))
+        print(f"job folder: {cluster.job_folder(folder / 'runs')}")
+    elif args is not None:
         try:
-            print("\n" + placement_line(cfgs, args.jobs, args.gpus_per_run, cluster))
+            print("\n" + placement_line(cfgs, args.jobs, args.gpus_per_run))
         except ScaleLongError as e:  # checked on the machine the study starts on, maybe not this one
             print(f"\nwarning: {e} (on this machine the study would refuse to start)", file=sys.stderr)
-        if cluster is not None:
-            print(f"job folder: {cluster.job_folder(folder / 'runs')}")
     print(f"\nthe config of {cfgs[0].name} (the other runs differ only where the table says):\n")
     return print_info(cfgs[0], dry_run=True)
 
@@ -115,12 +116,16 @@ def _partial_report(cfgs, report: Path) -> int:
 
 def _report_paths(result, waited: bool = True) -> int:
     """Print where a study's report is; runs that failed, or that did not finish on a cluster,
-    make it a user error (exit 2). Jobs submitted without waiting: how to read them later."""
+    make it a user error (exit 2), runs another process trains do not (one line says how to
+    report them later). Jobs submitted without waiting: how to read them later."""
+    statuses = ("submitted", "running", "training", "reused")
     if not waited:
-        counts = {s: sum(o.status == s for o in result.outcomes) for s in ("submitted", "running", "reused")}
-        said = [f"{counts['submitted']} runs submitted"]
+        counts = {s: sum(o.status == s for o in result.outcomes) for s in statuses}
+        said = [f"{counts['submitted']} run{'' if counts['submitted'] == 1 else 's'} submitted"]
         if counts["running"]:
             said.append(f"{counts['running']} still in jobs of an earlier submission")
+        if counts["training"]:
+            said.append(f"{counts['training']} being trained by another process")
         if counts["reused"]:
             said.append(f"{counts['reused']} finished already")
         print(
@@ -131,6 +136,13 @@ def _report_paths(result, waited: bool = True) -> int:
     if result.reported:
         print(f"report: {result.report}")
         print(f"        {result.report.with_suffix('.html')}")
+    if result.elsewhere:  # a second study in the same folder: the first one's runs are no failure
+        later = "the report leaves them out" if result.reported else "no report is written"
+        print(
+            f"{len(result.elsewhere)} of {len(result.outcomes)} runs are being trained by another process "
+            f"(listed above), not by this one; {later} until it ends: then the same command with "
+            "--report-only (or the same command again) takes them in"
+        )
     if result.failed:
         raise ScaleLongError(
             f"{len(result.failed)} of {len(result.outcomes)} runs failed (listed above and in the report); "
@@ -233,7 +245,8 @@ def _add_execution_args(p: argparse.ArgumentParser) -> None:
         default=None,
         help="runs trained at a time, in worker processes that divide the cores, each on its own "
         "GPU(s) where there are GPUs (default 1: one after another in this process); with "
-        "--executor slurm, the most jobs running at once (default: no cap)",
+        "--executor slurm, the most jobs running at once (default: no cap); with --executor local, "
+        "the jobs run at a time while the command waits (not with --no-wait; default: all at once)",
     )
     p.add_argument(
         "--gpus-per-run",

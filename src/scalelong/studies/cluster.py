@@ -119,12 +119,24 @@ class ClusterOptions:
         if self.executor not in EXECUTORS:
             raise ScaleLongError(f"--executor {self.executor!r}: choose pool, {' or '.join(EXECUTORS)}")
 
+    def check_jobs(self, jobs: int | None, runs: int) -> None:
+        """Refuse a cap of ``jobs`` on ``runs`` jobs that nothing would hold: submitit's local executor
+        starts each job the moment it is submitted (it has no array parallelism), so local jobs run
+        ``jobs`` at a time only while this process waits and submits the next as one ends."""
+        if self.executor == "local" and not self.wait and jobs is not None and jobs < runs:
+            raise ScaleLongError(
+                f"--jobs {jobs} with --executor local --no-wait: submitit's local executor starts all {runs} "
+                f"jobs at once, and only a command that waits starts them {jobs} at a time; drop --no-wait "
+                "(and keep the command running, e.g. under nohup or in tmux), or drop --jobs"
+            )
+
     def job_folder(self, runs_dir: Path) -> Path:
         return Path(self.folder) if self.folder is not None else Path(runs_dir).parent / "slurm"
 
-    def parameters(self, jobs: int | None, gpus_per_run: int, gpus: bool) -> dict:
+    def parameters(self, jobs: int | None, gpus_per_run: int, gpus: bool, runs: int | None = None) -> dict:
         """submitit's ``update_parameters`` of every job: one task on one node, ``gpus_per_run``
-        GPUs when the runs train on GPUs (``gpus``), the time limit and the rest."""
+        GPUs when the runs train on GPUs (``gpus``), the time limit and the rest. SLURM: at most
+        ``jobs`` of the array's ``runs`` jobs running at once (``jobs`` None: all of them)."""
         p: dict = {
             "name": self.name,
             "timeout_min": self.time_min,
@@ -136,8 +148,8 @@ class ClusterOptions:
             p["slurm_signal_delay_s"] = self.signal_delay_s
             if self.partition:
                 p["slurm_partition"] = self.partition
-            if jobs:
-                p["slurm_array_parallelism"] = jobs
+            if jobs or runs:  # no --jobs: the whole array, not submitit's default cap of 256
+                p["slurm_array_parallelism"] = jobs or runs
             if self.sbatch:
                 p["slurm_additional_parameters"] = {k: (v if v else True) for k, v in self.sbatch}
             if self.setup:
@@ -149,10 +161,11 @@ class ClusterOptions:
     def describe(self, runs: int, jobs: int | None, gpus_per_run: int, gpus: bool = True) -> str:
         """The plan line, with the sbatch parameters each job gets."""
         each = f"{gpus_per_run} GPU{'s' if gpus_per_run > 1 else ''}" if gpus else "no GPU"
+        said = f"{runs} run{'' if runs == 1 else 's'}"
         if self.executor == "local":
             cap = f"{jobs} at a time" if jobs else "all at once"
             return (
-                f"{runs} runs as submitit jobs on this machine (--executor local), {cap}, {each} "
+                f"{said} as submitit jobs on this machine (--executor local), {cap}, {each} "
                 f"each, time limit {_hms(self.time_min)}"
             )
         flags = [f"--time={_hms(self.time_min)}", "--nodes=1", "--ntasks-per-node=1"]
@@ -164,7 +177,7 @@ class ClusterOptions:
         flags.append(f"--signal=USR2@{self.signal_delay_s}")
         flags += [f"--{k}={v}" if v else f"--{k}" for k, v in self.sbatch]
         cap = f"at most {jobs} at once" if jobs else "as many at once as the scheduler allows"
-        return f"{runs} runs as one SLURM job array, {cap}, {each} each; sbatch {' '.join(flags)}"
+        return f"{said} as one SLURM job array, {cap}, {each} each; sbatch {' '.join(flags)}"
 
 
 # ----------------------------------------------------------------------------- in the job
@@ -371,12 +384,15 @@ def job_map(
     a job that ended without a result or whose call raised yields a :class:`JobEnded` or
     :class:`JobFailed` in its place. ``names``: one per call, for the ledger (:func:`active_jobs`).
 
-    SLURM: every call submitted at once as one job array (``jobs``: at most that many running);
-    local: ``jobs`` at a time (None: all at once). With ``options.wait`` False the calls are
-    submitted and ``(i, "submitted")`` comes back for each. Ctrl-C while waiting stops the
-    waiting, not the jobs of a cluster, with one line on how to read what they leave.
+    SLURM: every call submitted at once as one job array (``jobs``: at most that many running;
+    None: all of them); local: ``jobs`` at a time while this waits (None: all at once). With
+    ``options.wait`` False the calls are submitted and ``(i, "submitted")`` comes back for each
+    (local jobs then all at once: :meth:`ClusterOptions.check_jobs` refuses a ``jobs``). Ctrl-C
+    while waiting stops the waiting, not the jobs of a cluster, with one line on how to read what
+    they leave.
     """
-    executor = make_executor(options, folder, options.parameters(jobs, gpus_per_run, gpus))
+    options.check_jobs(jobs, len(args))
+    executor = make_executor(options, folder, options.parameters(jobs, gpus_per_run, gpus, len(args)))
     call = ScheduledCall(fn, threads)
     throttle = options.executor == "local" and options.wait and jobs
     first = min(jobs, len(args)) if throttle else len(args)

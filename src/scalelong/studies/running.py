@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from scalelong.errors import ScaleLongError
-from scalelong.runlog.lock import lock_state
+from scalelong.runlog.lock import holder, lock_state
 from scalelong.skips import METHODS
 from scalelong.training.build import check_models
 from scalelong.training.config import Config, config_to_dict, save_config, validate
@@ -63,17 +63,19 @@ class RunOutcome:
     """What became of one run of a study."""
 
     name: str
-    # trained | stopped (the non-finite policy) | reused | failed; on a cluster also interrupted
-    # (its job ended before the run did: it resumes when the study is run again), submitted
-    # (--no-wait) and running (a job of an earlier submission has it)
+    # trained | stopped (the non-finite policy) | reused | failed | training (another live process
+    # holds its lock: a second study in the same folder leaves the run to it); on a cluster also
+    # interrupted (its job ended before the run did: it resumes when the study is run again),
+    # submitted (--no-wait) and running (a job of an earlier submission has it)
     status: str
     message: str = ""  # one line: where it stopped, or why it failed
     threads: int = 0  # torch threads it trained with (0: not trained now)
 
     @property
     def unfinished(self) -> bool:
-        """Whether the run is still to be (or being) trained: interrupted, submitted or running."""
-        return self.status in ("interrupted", "submitted", "running")
+        """Whether the run is still to be (or being) trained: interrupted, submitted, running or
+        training (elsewhere)."""
+        return self.status in ("interrupted", "submitted", "running", "training")
 
 
 def concluded(run: RunDir) -> bool:
@@ -101,6 +103,30 @@ def reusable(run: RunDir, cfg: Config) -> bool:
         return False
     stored = stored_config(run)
     return stored is not None and not config_differences(stored, config_to_dict(cfg), free=STUDY_FREE_KEYS)
+
+
+def trained_elsewhere(run: RunDir) -> str:
+    """``pid N on host H (since ...) trains it`` when a live process other than this one holds the
+    lock of ``run`` (one on another host counts as live: this host cannot see it); "" otherwise."""
+    state, record = lock_state(run.lock_file)
+    if state != "live" or not record:
+        return ""
+    why = f"{holder(record)} trains it"
+    if record["host"] != socket.gethostname():  # a job killed outright leaves its lock behind
+        why += f" (if no process there trains it any more, delete {run.lock_file} and run this again)"
+    return why
+
+
+def plan_action(cfg: Config) -> str:
+    """What a study would do with the run of ``cfg``: ``reuse`` a finished run (:func:`reusable`),
+    leave it to the process that holds its lock (``training``), ``resume`` an unfinished one, or
+    train a ``new`` one."""
+    run = RunDir(cfg.run_dir)
+    if reusable(run, cfg):
+        return "reuse"
+    if lock_state(run.lock_file)[0] == "live":
+        return "training"
+    return "resume" if stored_config(run) is not None else "new"
 
 
 def _differences(diff: list[str]) -> str:
@@ -159,7 +185,19 @@ def train_run(
     if processes > 1:
         if train_kwargs:
             raise ScaleLongError("hooks (train_kwargs) reach only a run trained in this process")
-        return train_in_processes(cfg, processes, ignore_signals)
+        outcome = train_in_processes(cfg, processes, ignore_signals)
+    else:
+        outcome = _train_here(cfg, progress, train_kwargs)
+    if outcome.status == "failed":
+        # refused because another process took the run's lock after the study looked (a second study
+        # in the same folder): that process trains it, which is no failure of this study
+        why = trained_elsewhere(RunDir(cfg.run_dir))
+        if why:
+            return RunOutcome(cfg.name, "training", f"not trained here: {why}", outcome.threads)
+    return outcome
+
+
+def _train_here(cfg: Config, progress: bool, train_kwargs: Mapping | None) -> RunOutcome:
     threads = torch.get_num_threads()
     try:
         train(cfg, progress=progress, **dict(train_kwargs or {}))
@@ -236,25 +274,22 @@ def _submit(
     train_kwargs: Mapping | None,
 ) -> tuple[list[int], Iterator[tuple[int, object]]]:
     """Submit the runs ``todo`` of ``cfgs`` as jobs (:func:`scalelong.studies.cluster.job_map`),
-    but those a job of an earlier submission still has, or a live process trains (its lock):
-    those go into ``outcomes`` as ``running``. Returns the submitted indices and their outcomes
+    but those a job of an earlier submission still has (into ``outcomes`` as ``running``), or a
+    live process trains (its lock: ``training``). Returns the submitted indices and their outcomes
     as they come, in the order of the indices."""
-    from scalelong.runlog.lock import holder
     from scalelong.studies.cluster import JobEnded, active_jobs, job_map
     from scalelong.training.launch import cpu_cores
 
     folder = cluster.job_folder(Path(cfgs[todo[0]].out_dir))
     active = active_jobs(cluster, folder, [cfgs[i].name for i in todo])
     for i in todo:
-        name, lock = cfgs[i].name, RunDir(cfgs[i].run_dir).lock_file
-        state, record = lock_state(lock)
-        why = f"job {active[name]} of an earlier submission has it" if name in active else ""
-        if not why and state == "live" and record:  # this host's live process, or one elsewhere
-            why = f"{holder(record)} trains it"
-            if record["host"] != socket.gethostname():  # a job killed outright leaves its lock
-                why += f" (if no job trains it any more, delete {lock} and run this again)"
+        name = cfgs[i].name
+        if name in active:
+            why, status = f"job {active[name]} of an earlier submission has it", "running"
+        else:  # this host's live process, or one elsewhere
+            why, status = trained_elsewhere(RunDir(cfgs[i].run_dir)), "training"
         if why:
-            outcomes[i] = RunOutcome(name, "running", why)
+            outcomes[i] = RunOutcome(name, status, why)
             print(f"{name}: not submitted again: {why}")
     rest = [i for i in todo if i not in outcomes]
     if not rest:
@@ -286,10 +321,15 @@ def placement_line(
     cluster: ClusterOptions | None = None,
 ) -> str:
     """The plan's line on where the runs of ``cfgs`` would train (``jobs`` None: 1 here, no cap on
-    a cluster); raises the one-line error that the study itself would."""
+    a cluster; a cluster's jobs: those of the runs it would submit, new or resumed, as
+    :func:`plan_action` tells); raises the one-line error that the study itself would."""
     if cluster is not None:
-        gpus = bool(cfgs) and cfgs[0].train.device != "cpu"
-        return cluster.describe(len(cfgs), jobs, gpus_per_run, gpus)
+        runs = sum(plan_action(c) in ("new", "resume") for c in cfgs)
+        if not runs:
+            return f"nothing to submit: each of the {len(cfgs)} runs is finished or being trained"
+        cluster.check_jobs(jobs, runs)
+        gpus = cfgs[0].train.device != "cpu"
+        return cluster.describe(runs, jobs, gpus_per_run, gpus)
     device = cfgs[0].train.device if cfgs else "auto"
     return str(place_runs(1 if jobs is None else jobs, gpus_per_run, device, len(cfgs)))
 
@@ -311,7 +351,9 @@ def run_all(
     must then pickle. ``cluster``: every run a job of a scheduler
     (:func:`scalelong.studies.cluster.job_map`; ``jobs``: at most that many at once; a run whose
     job ends early is ``interrupted``, and ``submitted`` without waiting). A run that stops or
-    fails is reported in one line and the others go on.
+    fails is reported in one line and the others go on. A run whose lock another live process
+    holds (a second study in the same folder, here or on a cluster) is left to it: ``training``,
+    in one line, and no failure.
     """
     if jobs is not None and jobs < 1:
         raise ScaleLongError(f"--jobs must be >= 1, got {jobs}")
@@ -321,9 +363,16 @@ def run_all(
     check_run_dirs(cfgs)
     outcomes = {i: RunOutcome(c.name, "reused") for i, c in enumerate(cfgs) if reusable(RunDir(c.run_dir), c)}
     todo = [i for i in range(len(cfgs)) if i not in outcomes]
-    check_models(cfgs[i] for i in todo)  # here, once per model config, so no worker needs to
     if outcomes:
         print(f"{len(outcomes)} of {len(cfgs)} runs are finished already and reused")
+    if cluster is None:  # a run whose lock another process holds (a second study in the same folder)
+        for i in todo:  # is left to it (a cluster's are, where they are submitted: _submit)
+            why = trained_elsewhere(RunDir(cfgs[i].run_dir))
+            if why:
+                outcomes[i] = RunOutcome(cfgs[i].name, "training", f"not trained here: {why}")
+                print(f"{cfgs[i].name}: not trained here: {why}", flush=True)
+        todo = [i for i in todo if i not in outcomes]
+    check_models(cfgs[i] for i in todo)  # here, once per model config, so no worker needs to
     if not todo:
         return [outcomes[i] for i in range(len(cfgs))]
     results: Iterator[tuple[int, object]]
@@ -403,10 +452,7 @@ def plan_table(cfgs: Sequence[Config]) -> str:
     ``training``: a process, here or on another host, holds the run's lock now)."""
     rows = [("run", "method", "seed", "lr", "depth", "action")]
     for cfg in cfgs:
-        run = RunDir(cfg.run_dir)
-        action = "reuse" if reusable(run, cfg) else "resume" if stored_config(run) is not None else "new"
-        if action != "reuse" and lock_state(run.lock_file)[0] == "live":
-            action = "training"
+        action = plan_action(cfg)
         depth = str(cfg.model.uvit.depth) if cfg.model.type == "uvit" else "-"
         rows.append(
             (cfg.name, cfg.model.skip.method, str(cfg.train.seed), f"{cfg.optim.lr:g}", depth, action)
@@ -443,5 +489,10 @@ class StudyResult:
 
     @property
     def unfinished(self) -> list[RunOutcome]:
-        """Runs a cluster's jobs have still to finish: interrupted, submitted or running."""
-        return [o for o in self.outcomes if o.unfinished]
+        """Runs this study's jobs have still to finish: interrupted, submitted or running."""
+        return [o for o in self.outcomes if o.unfinished and o.status != "training"]
+
+    @property
+    def elsewhere(self) -> list[RunOutcome]:
+        """Runs another process trains (it holds their locks), which this study left to it."""
+        return [o for o in self.outcomes if o.status == "training"]
