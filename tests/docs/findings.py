@@ -166,6 +166,8 @@ def lr_clause(cells, lr: float, precision: str = "fp16") -> str:
         )
         + (
             f", {', '.join(f'`{m}`' for m in others)}'s by {', '.join(CAUSE_WORDS[c] for c in causes)}"
+            if others and overflowing
+            else f"; every failure by {' or '.join(CAUSE_WORDS[c] for c in causes)}"
             if others
             else ""
         )
@@ -190,4 +192,56 @@ def edges_sentence(name: str = "lr-basin-fp16", seeds: tuple = (0, 1, 2, 3, 4)) 
     return (
         f"on seeds {seeds[0]}-{seeds[-1]}, the runs that failed of {n} at {at}: {', '.join(counts)}; the "
         f"largest lr where no seed failed, nor at a smaller one: {', '.join(edges)}"
+    )
+
+
+def repeated(first: str, again: str) -> tuple[int, int]:
+    """Of the runs of study ``again`` that repeat one of ``first`` (the same depth, lr, method and
+    seed): how many, and how many reproduce its final loss and held-out x0 error to the last digit."""
+    old, new = by_run(study(first)[0].values()), by_run(study(again)[0].values())
+    shared = [k for k in new if k in old]
+    same = sum((old[k].final_loss, old[k].x0_error) == (new[k].final_loss, new[k].x0_error) for k in shared)
+    return len(shared), same
+
+
+def fewer_failures(name: str, by: int = 3) -> list[tuple[str, float, int, int]]:
+    """(method, lr, `none`'s failures, the method's) where a method failed on ``by`` or more fewer
+    seeds than `none` at the same lr, on the seeds both ran: the criterion, stated before the equal-seed
+    runs, for a 20-seed paired test there."""
+    cells = study(name)[0]
+    found = []
+    for (depth, lr, method), c in sorted(cells.items(), key=lambda kv: (kv[0][1], method_order(kv[0][2]))):
+        base = cells.get((depth, lr, "none"))
+        if method == "none" or base is None:
+            continue
+        t = outcomes(c, base)
+        none_failed, method_failed = t.both + t.only_baseline, t.both + t.only_method
+        if none_failed - method_failed >= by:
+            found.append((method, lr, none_failed, method_failed))
+    return found
+
+
+def equal_seed_verdict(name: str) -> str:
+    """What the criterion stated before the equal-seed runs makes of them (:func:`fewer_failures`)."""
+    earned = fewer_failures(name)
+    if not earned:
+        return (
+            "No method failed on 3 or more fewer seeds than `none` at either lr, so by the criterion stated "
+            "before the runs no method earns the 20-seed paired test: on equal seeds, neither scaling nor "
+            "normalising the long skips widened the bf16 basin beyond seed noise"
+        )
+    said = listed([f"`{m}` at {lr:g} ({mf}/5 against `none`'s {nf}/5)" for m, lr, nf, mf in earned])
+    return (
+        f"By the criterion stated before the runs, {said} failed on 3 or more fewer seeds than `none`: "
+        "each gets the 20-seed paired test there"
+    )
+
+
+def repeat_clause(first: str, again: str) -> str:
+    """How the runs of ``again`` that repeat runs of ``first`` compare (:func:`repeated`)."""
+    shared, same = repeated(first, again)
+    return (
+        f"The {shared} runs that repeat one of the first basin's (the same lr, method and seed; another "
+        f"commit, the same numerics) reproduce its final loss and held-out x0 error to the last digit in "
+        f"{same} of {shared}"
     )

@@ -22,7 +22,6 @@ def test_the_edges_on_seed_0():
     eight = [m for m in METHODS if found[m] == 0.08]
     assert sorted(four + eight) == sorted(METHODS)  # every edge is one of the two the prose names
     names = ", ".join(f"`{m}`" for m in four[:-1]) + f" and `{four[-1]}`"
-    assert_quoted("README.md", f"the largest stable lr is 4e-2 for {names} and 8e-2 for `ls` and `skip-norm`")
     assert_quoted("docs/studies.md", f"4e-2 for {names}, 8e-2 for `ls` and `skip-norm`")
     # the shared seeds behind every edge: seed 0 alone
     for b in study("lr-basin")[1]["basin"]:
@@ -35,11 +34,8 @@ def test_the_five_seed_counts_and_mcnemar_at_2e_2_and_8e_2():
     cells = study("lr-basin")[0]
     t = outcomes(cells[12, 0.02, "cs"], cells[12, 0.02, "none"])
     assert (t.both, t.only_baseline, t.only_method, t.p) == (1, 1, 1, 1.0)
-    assert_quoted(
-        "README.md", f"at 2e-2 `none` and `cs` each failed {n2} (on different seeds: McNemar p = 1)"
-    )
     counts = ", ".join(f"`{m}` {failed('lr-basin', 0.08, m)}" for m in METHODS[:5])
-    assert_quoted("README.md", f"at 8e-2 {counts}")
+    assert_quoted("README.md", f"at 8e-2 (five seeds) {counts}")
     assert_quoted("docs/studies.md", f"{counts} failed")
     ls, sn = (
         outcomes(cells[12, 0.08, "ls"], cells[12, 0.08, "none"]),
@@ -122,6 +118,37 @@ def test_depth_24():
     assert_quoted("docs/studies.md", f"both train at 1e-2 {both} and both fail at 2e-2")
     h = (headroom("lr-basin", 0.01, "none", 24), headroom("lr-basin", 0.01, "cs", 24))
     assert_quoted("docs/studies.md", f"`none` {h[0]:.2g}, `cs` {h[1]:.2g}")
+
+
+# ----------------------------------------------------------------------------- every method on equal seeds
+
+EQUAL = "lr-basin-bf16"
+
+
+def test_the_equal_seed_runs_share_one_commit_and_numerics():
+    runs = json.loads((RESULTS / EQUAL / "runs.json").read_text())
+    made = {
+        tuple(r["provenance"][k] for k in ("commit", "torch", "precision", "autocast", "device_name"))
+        for c in runs["cells"]
+        for r in c["runs"]
+    }
+    assert len(made) == 1 and next(iter(made))[2:4] == ("bf16", "torch")  # torch's CPU bf16 autocast
+    cells = study(EQUAL)[0]
+    assert {k[1] for k in cells} == {0.02, 0.04} and {k[2] for k in cells} == set(METHODS)
+    n = sum(c.count for c in cells.values())
+    assert_quoted("docs/studies.md", f"({n} of the 60 runs, every run in torch's CPU bf16 autocast")
+    assert_quoted("docs/results/lr-basin-bf16/report.md", f"**{n} of 60 finished**")
+
+
+def test_the_equal_seed_edges_and_verdict_as_quoted():
+    edges = findings.edges_sentence(EQUAL)
+    verdict = findings.equal_seed_verdict(EQUAL)
+    for name in ("README.md", "docs/studies.md"):
+        assert_quoted(name, edges)
+        assert_quoted(name, verdict)
+    assert_quoted("docs/results.md", edges)
+    assert_quoted("docs/studies.md", findings.five_seed_sentence(EQUAL, "bf16"))
+    assert_quoted("docs/studies.md", findings.repeat_clause("lr-basin", EQUAL))
 
 
 # ----------------------------------------------------------------------------- the long run

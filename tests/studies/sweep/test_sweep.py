@@ -162,7 +162,7 @@ def test_sweep_records_divergence_reuses_runs_and_adds_seeds(tmp_path, capsys):
     stability, basin = out.split("lr basin, depth 4:")  # the stability table, then the lr basin's
     rows = [line for line in stability.splitlines() if line.startswith("| none ") or line.startswith("| cs ")]
     assert len(rows) == 2 and all("| none: the smallest lr that decides failed |" in r for r in rows)
-    assert "| none | none | 1/1 | 1/1 |" in basin and (sweep / "basin.png").is_file()
+    assert "| none | below 0.02 | 1/1 | 1/1 |" in basin and (sweep / "basin.png").is_file()
     assert f"report: {sweep / 'report.md'}" in out
 
     # the same command again: every run is reused, none retrained

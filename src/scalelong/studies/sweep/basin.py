@@ -188,7 +188,7 @@ class Basin:
                 notes.append(f"on seed{'s' if len(seeds) > 1 else ''} {seed_list(seeds)}")
             else:
                 notes.append("on the seeds all methods ran at each lr")
-        text = "none" if top is None else f"{top:g}"
+        text = f"below {self.lrs[0]:g}" if top is None else f"{top:g}"  # "none" would read as the method
         return text + (f" ({'; '.join(notes)})" if notes else "")
 
     def seed_values(self, weights: str = "ema") -> dict[int | None, dict[float, float]]:
