@@ -149,6 +149,10 @@ def test_the_equal_seed_edges_and_verdict_as_quoted():
     assert_quoted("docs/results.md", edges)
     assert_quoted("docs/studies.md", findings.five_seed_sentence(EQUAL, "bf16"))
     assert_quoted("docs/studies.md", findings.repeat_clause("lr-basin", EQUAL))
+    at = [study(EQUAL)[0][12, 0.02, m].diverged for m in METHODS]
+    assert min(at) >= 1  # "every method failed at 2e-2 already"
+    assert_quoted("docs/studies.md", "on five equal seeds every method failed at 2e-2 already")
+    assert_quoted("docs/studies.md", f"each method failed on {min(at)} or {max(at)} of the 5 seeds there")
 
 
 # ----------------------------------------------------------------------------- the long run
