@@ -156,6 +156,11 @@ def lr_clause(cells, lr: float, precision: str = "fp16") -> str:
     ]
     causes = sorted({b.criterion for m in others for k in fp16 if k[2] == m for b in fp16[k].breaks})
     where = " or ".join(f"`{module}`" for module in modules)
+    by_cause = ""  # what failed the runs that did not overflow: beside the overflows, or all of them
+    if others and overflowing:
+        by_cause = f", {', '.join(f'`{m}`' for m in others)}'s by {', '.join(CAUSE_WORDS[c] for c in causes)}"
+    elif others:
+        by_cause = f"; every failure by {' or '.join(CAUSE_WORDS[c] for c in causes)}"
     return (
         f"at {lr:g} on seeds {seeds[0]}-{seeds[-1]}, {precision} failed {', '.join(counts)}"
         + (
@@ -164,13 +169,7 @@ def lr_clause(cells, lr: float, precision: str = "fp16") -> str:
             if overflowing
             else ""
         )
-        + (
-            f", {', '.join(f'`{m}`' for m in others)}'s by {', '.join(CAUSE_WORDS[c] for c in causes)}"
-            if others and overflowing
-            else f"; every failure by {' or '.join(CAUSE_WORDS[c] for c in causes)}"
-            if others
-            else ""
-        )
+        + by_cause
         + (f"; {other} failed {' and '.join(bf16_counts)} of the same runs" if bf16_counts else "")
     )
 

@@ -84,14 +84,15 @@ def _print_plan(cfgs, folder: Path, args: argparse.Namespace | None = None, clus
     check_plan(cfgs)
     print(f"{len(cfgs)} runs in {folder / 'runs'}; report in {folder}")
     print(plan_table(cfgs))
-    if args is not None and cluster is not None:  # no GPU of this machine in it: its error is the study's
-        print("\n" + placement_line(cfgs, args.jobs, args.gpus_per_run, cluster))
-        print(f"job folder: {cluster.job_folder(folder / 'runs')}")
-    elif args is not None:
+    if args is not None:
         try:
-            print("\n" + placement_line(cfgs, args.jobs, args.gpus_per_run))
-        except ScaleLongError as e:  # checked on the machine the study starts on, maybe not this one
+            print("\n" + placement_line(cfgs, args.jobs, args.gpus_per_run, cluster))
+        except ScaleLongError as e:  # the pool's GPUs are checked on the machine the study starts on
+            if cluster is not None:  # a cluster plan holds no GPU of this machine: its error is the study's
+                raise
             print(f"\nwarning: {e} (on this machine the study would refuse to start)", file=sys.stderr)
+        if cluster is not None:
+            print(f"job folder: {cluster.job_folder(folder / 'runs')}")
     print(f"\nthe config of {cfgs[0].name} (the other runs differ only where the table says):\n")
     return print_info(cfgs[0], dry_run=True)
 
